@@ -1,0 +1,100 @@
+"""The public entry points: build a scenario's programs, simulate them, summarize into a Result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.engine.allocator import make_allocator
+from simulator.engine.executor import EngineOptions, simulate_programs
+from simulator.errors import PlanError
+from simulator.hardware.catalog import DeviceSpec
+from simulator.parallel.lower import lower_single_rank
+from simulator.report.metrics import build_report
+from simulator.scenario import Scenario
+from simulator.topology import resolve_cluster
+from simulator.trace.records import Trace
+from simulator.workload.primitives import KernelProfile
+from simulator.workload.training import IterationWorkload, Recipe, build_iteration
+from simulator.workload.transformer import Shape
+
+
+@dataclass
+class Result:
+    """A simulation's outcome: the JSON report (DESIGN.md contract) and the full trace."""
+
+    report: dict
+    trace: Trace
+    scenario: Scenario
+
+
+def model_shape(scenario: Scenario) -> Shape:
+    """Reduce a scenario's ModelConfig to the numbers the builders need."""
+    m = scenario.model
+    return Shape(
+        architecture=m.architecture, num_layers=m.num_layers, hidden=m.hidden_size,
+        heads=m.num_attention_heads, kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size,
+        vocab=m.vocab_size, seq=m.seq_length, positions=m.max_position_embeddings,
+        activation=m.activation, norm=m.norm, bias=m.bias, attention=m.attention,
+        dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
+        patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
+        type_vocab=m.type_vocab_size or 2)
+
+
+def kernel_profile(device: DeviceSpec) -> KernelProfile:
+    """What the device's kernels save (dropout mask dtype, flash attention with dropout)."""
+    return KernelProfile(dropout_mask_dtype=device.dropout_mask_dtype,
+                         flash_with_dropout=device.sdpa_flash_with_dropout, device_kind=device.kind)
+
+
+def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
+    """Resolve the training options (optimizer implementation 'auto' = what torch picks there)."""
+    t = scenario.training
+    implementation = t.optimizer_implementation
+    if implementation == "auto":
+        if t.optimizer == "adam-8bit":
+            implementation = "fused"
+        else:
+            implementation = "foreach" if device.optimizer_foreach else "single-tensor"
+    accumulation = t.global_batch_size // (t.micro_batch_size * scenario.parallel.dp)
+    return Recipe(t.micro_batch_size, accumulation, t.precision, t.framework, t.optimizer,
+                  implementation, t.recompute, t.activation_compression)
+
+
+def _check_plan(scenario: Scenario) -> None:
+    p = scenario.parallel
+    src = scenario.source
+    for key in ("tp", "pp", "dp"):
+        value = getattr(p, key)
+        if value != 1:
+            raise PlanError(f"{src}: parallel.{key} = {value}: this version simulates one device "
+                            f"(tp = pp = dp = 1); multi-device plans are not available yet")
+    for key in ("offload_optimizer", "offload_params", "offload_activations"):
+        value = getattr(p, key)
+        if value != "none":
+            raise PlanError(f"{src}: parallel.{key} = {value!r}: offload is not available in this "
+                            f"version (allowed: 'none')")
+
+
+def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
+    """The iteration workload of the scenario's (single) rank."""
+    return build_iteration(model_shape(scenario), recipe_for(scenario, device), kernel_profile(device))
+
+
+def simulate(scenario: Scenario) -> Result:
+    """Simulate a scenario and summarize it (the job not fitting is a result, not an error)."""
+    _check_plan(scenario)
+    cluster = resolve_cluster(scenario)
+    device = cluster.device
+    recipe = recipe_for(scenario, device)
+    workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
+    program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
+                                recipe.accumulation_steps)
+    allocator = make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
+                               max_split_size_bytes=scenario.allocator.max_split_size,
+                               roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
+                               expandable_segments=scenario.allocator.expandable_segments,
+                               record_events=scenario.run.record_events)
+    trace = simulate_programs([program], [allocator], [cluster.allocator_capacity_bytes],
+                              EngineOptions())
+    report = build_report(scenario, cluster, workload, recipe, trace)
+    return Result(report, trace, scenario)

@@ -1,0 +1,116 @@
+"""The `memsim` command line: parse, call the API, render; bad input is one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from simulator.errors import MemsimError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="memsim: simulate deep-learning training memory and time on GPU clusters.")
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"memsim: error: {message}\n")
+    raise typer.Exit(2)
+
+
+def report_json(report: dict) -> str:
+    """The report as stable JSON text (sorted keys, fixed float formatting through json)."""
+    return json.dumps(report, indent=2, sort_keys=True) + "\n"
+
+
+def write_outputs(result, out_dir: Path) -> list[Path]:
+    """Write report.json, trace.json, memory_snapshot.pickle and memory.png atomically into out_dir."""
+    from simulator.io import atomic_write_text
+    from simulator.report.plots import plot_memory
+    from simulator.trace.chrome import write_chrome_trace
+    from simulator.trace.snapshot import build_snapshot, write_snapshot
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "report.json", out_dir / "trace.json", out_dir / "memory_snapshot.pickle",
+             out_dir / "memory.png"]
+    atomic_write_text(paths[0], report_json(result.report))
+    write_chrome_trace(paths[1], result.trace, result.report["scenario"])
+    ranks = result.trace.ranks
+    snapshot = build_snapshot([r.allocator_events for r in ranks], [r.final_segments for r in ranks])
+    write_snapshot(paths[2], snapshot)
+    plot_memory(result.trace, paths[3], title=f"{result.report['scenario']} on {result.report['device']}")
+    return paths
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="Scenario file (TOML).")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a key: section.key=value.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write report, trace, snapshot, plot here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON report.")] = False,
+) -> None:
+    """Simulate one training scenario and report memory, time and whether it fits."""
+    from simulator.api import simulate
+    from simulator.report.summary import render_summary
+    from simulator.scenario import load_scenario
+
+    try:
+        loaded = load_scenario(scenario, set_ or [])
+        result = simulate(loaded)
+    except MemsimError as error:
+        _fail(str(error))
+        return
+    if as_json:
+        sys.stdout.write(report_json(result.report))
+    else:
+        render_summary(result.report, Console())
+    if out is not None:
+        try:
+            paths = write_outputs(result, out)
+        except OSError as error:
+            _fail(f"{out}: cannot write outputs: {error.strerror or error}")
+            return
+        if not as_json:
+            Console().print("wrote " + ", ".join(str(p) for p in paths))
+
+
+@app.command()
+def devices() -> None:
+    """List the devices memsim knows, with the numbers it uses and their sources."""
+    from simulator.hardware.catalog import list_devices
+    from simulator.units import format_bytes
+
+    table = Table(title="memsim devices (cluster.topology = NAME)")
+    for column in ("name", "device", "memory", "bandwidth", "L2", "bf16 dense", "fp32", "SMs"):
+        table.add_column(column)
+    for d in list_devices():
+        table.add_row(d.name, d.display_name, format_bytes(d.memory_bytes), f"{d.hbm_bytes_per_s / 1e9:,.0f} GB/s",
+                      format_bytes(d.l2_bytes), f"{d.peak_flop_per_s.get('bf16', 0) / 1e12:,.1f} TFLOP/s",
+                      f"{d.peak_flop_per_s.get('fp32', 0) / 1e12:,.1f} TFLOP/s", str(d.sm_count))
+    Console(width=140).print(table)
+
+
+@app.command()
+def presets() -> None:
+    """List the model presets (model.preset = NAME)."""
+    from simulator.scenario.presets import list_presets
+
+    for name in list_presets():
+        typer.echo(name)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app(standalone_mode=True)
+    except MemsimError as error:  # defensive: any command that lets one escape
+        sys.stderr.write(f"memsim: error: {error}\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

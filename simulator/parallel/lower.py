@@ -1,0 +1,65 @@
+"""Lowering: turn a rank's iteration workload into a timed instruction list per stream."""
+
+from __future__ import annotations
+
+from simulator.hardware.catalog import DeviceSpec
+from simulator.hardware.cost import op_time_s
+from simulator.parallel.program import Alloc, Free, Instruction, Mark, Program, Run
+from simulator.workload.graph import Op, Tensor
+from simulator.workload.training import IterationWorkload
+
+COMPUTE = "compute"
+
+
+def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
+              iteration: int) -> list[Run]:
+    """Cost each op on `device`; an input the previous op just wrote is read from L2 if it fits."""
+    runs: list[Run] = []
+    previous_outputs: dict[int, int] = {}
+    l2 = device.l2_bytes
+    for op in ops:
+        hits = 0
+        if previous_outputs:
+            produced = sum(previous_outputs.values())
+            if produced <= l2:
+                hits = sum(previous_outputs.get(tid, 0) for tid in op.inputs)
+                hits = min(hits, op.bytes_read)
+        runs.append(Run(op, op_time_s(op, device, hits), iteration))
+        previous_outputs = {tid: tensors[tid].nbytes for tid in op.outputs if tid in tensors}
+    return runs
+
+
+def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_iterations: int,
+                      iterations: int, accumulation_steps: int, rank: int = 0, stage: int = 0) -> Program:
+    """One rank, one compute stream: set-up, warm-up iterations, then the measured iterations.
+
+    Optimizer states are created at the first optimizer step (as torch.optim does lazily), so the
+    measured iterations start in the steady state of a real run.
+    """
+    tensors = workload.tensors
+    program: list[Instruction] = [Alloc(workload.persistent, "model set-up")]
+    first = timed_ops(workload.first_microbatch, tensors, device, 0)
+    later = timed_ops(workload.later_microbatch, tensors, device, 0) if accumulation_steps > 1 else []
+    step = timed_ops(workload.optimizer, tensors, device, 0)
+    total = warmup_iterations + iterations
+    for it in range(total):
+        if it == warmup_iterations:
+            program.append(Mark("measure", it))
+        program.append(Mark("iteration_start", it))
+        for microbatch in range(accumulation_steps):
+            program.append(Alloc(workload.microbatch_inputs, f"micro-batch {microbatch} inputs"))
+            runs = first if microbatch == 0 else later
+            program.extend(_retag(runs, it))
+            program.append(Free(workload.microbatch_inputs, f"micro-batch {microbatch} done"))
+        if it == 0:
+            program.append(Alloc(workload.optimizer_state_ids, "optimizer state (first step)"))
+        program.extend(_retag(step, it))
+        program.append(Free(workload.gradients, "zero_grad(set_to_none=True)"))
+        program.append(Mark("iteration_end", it))
+    return Program(rank, device.name, stage, tensors, {COMPUTE: tuple(program)})
+
+
+def _retag(runs: list[Run], iteration: int) -> list[Run]:
+    if iteration == 0:
+        return runs
+    return [Run(r.op, r.duration_s, iteration) for r in runs]

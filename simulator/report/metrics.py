@@ -1,0 +1,108 @@
+"""Summarize a Trace into the JSON report of DESIGN.md: fit, peaks by category, time, MFU."""
+
+from __future__ import annotations
+
+from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, CATEGORIES, FORWARD, OPTIMIZER_STEP, RECOMPUTE
+
+_PHASE_KEYS = {FORWARD: "forward_s", BACKWARD_INPUT: "backward_s", BACKWARD_WEIGHT: "backward_s",
+               RECOMPUTE: "recompute_s", OPTIMIZER_STEP: "optimizer_s"}
+MODEL_PHASES = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+
+
+def model_flops(workload) -> float:
+    """FLOPs of one iteration's forward and backward (no recompute, no optimizer): the MFU numerator."""
+    first = sum(op.flops for op in workload.first_microbatch if op.phase in MODEL_PHASES)
+    later = sum(op.flops for op in workload.later_microbatch if op.phase in MODEL_PHASES)
+    steps = workload.meta.get("accumulation_steps", 1)
+    return first + later * max(steps - 1, 0)
+
+
+def peak_flop_rate(device, precision: str) -> float:
+    """The dense peak the MFU is measured against: fp32 for fp32 training, else the 16-bit rate."""
+    rates = device.peak_flop_per_s
+    if precision == "fp32":
+        return rates["fp32"]
+    if precision == "fp8-mixed" and rates.get("fp8"):
+        return rates["fp8"]
+    return rates.get("bf16") or rates["fp32"]
+
+
+def build_report(scenario, cluster, workload, recipe, trace) -> dict:
+    """The DESIGN.md report (plus extra keys) for a single-rank simulation."""
+    rank_trace = trace.ranks[0]
+    device = cluster.device
+    warmup = scenario.run.warmup_iterations
+    warnings: list[str] = []
+    oom = rank_trace.oom
+    workload.meta["accumulation_steps"] = recipe.accumulation_steps
+    flops = model_flops(workload)
+    if oom is None and trace.iteration_bounds_s:
+        measured = trace.iteration_bounds_s[warmup:] or trace.iteration_bounds_s
+        start, end = measured[0][0], measured[-1][1]
+        iteration_time = (end - start) / len(measured)
+    else:
+        start = end = 0.0
+        iteration_time = 0.0
+    phase_time = {key: 0.0 for key in _PHASE_KEYS.values()}
+    compute = 0.0
+    for span in rank_trace.spans:
+        if start <= span.start_s and span.end_s <= end:
+            duration = span.end_s - span.start_s
+            phase_time[_PHASE_KEYS.get(span.phase, "forward_s")] += duration
+            compute += duration
+    iterations = max(1, len(trace.iteration_bounds_s) - warmup) if oom is None else 1
+    for key in phase_time:
+        phase_time[key] /= iterations
+    compute /= iterations
+    idle = max(0.0, iteration_time - compute)
+    tokens = recipe.micro_batch_size * recipe.accumulation_steps * scenario.parallel.dp * scenario.model.seq_length
+    tokens_per_s = tokens / iteration_time if iteration_time > 0 else 0.0
+    peak = peak_flop_rate(device, scenario.training.precision)
+    mfu = flops / iteration_time / peak if iteration_time > 0 else 0.0
+    reserved_total = rank_trace.peak_reserved + cluster.context_bytes
+    fits = oom is None and reserved_total <= device.memory_bytes
+    if oom is not None:
+        warnings.append(f"out of memory in {oom.op} allocating {oom.tensor} ({oom.requested_bytes} bytes)")
+    elif reserved_total > 0.95 * device.memory_bytes:
+        warnings.append("peak reserved memory is within 5% of the device capacity")
+    if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
+        warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
+    if scenario.parallel.gradient_compression != "none" and scenario.parallel.dp == 1:
+        warnings.append("parallel.gradient_compression has no effect with dp = 1 (no gradient traffic)")
+    rank = {
+        "rank": 0, "stage": 0, "device": device.name,
+        "peak_allocated_bytes": int(rank_trace.peak_allocated),
+        "peak_reserved_bytes": int(rank_trace.peak_reserved),
+        "capacity_bytes": int(device.memory_bytes),
+        "context_bytes": int(cluster.context_bytes),
+        "oom": oom is not None,
+        "breakdown_at_peak": {c: int(rank_trace.breakdown_at_peak.get(c, 0)) for c in CATEGORIES},
+        "category_peaks": {c: int(rank_trace.category_peaks.get(c, 0)) for c in CATEGORIES},
+        "peak_op": rank_trace.peak_op,
+        "compute_s": compute, "exposed_communication_s": 0.0, "idle_s": idle,
+    }
+    return {
+        "scenario": scenario.name,
+        "fits": fits,
+        "iteration_time_s": iteration_time,
+        "tokens_per_s": tokens_per_s,
+        "model_flops_per_iteration": flops,
+        "mfu": mfu,
+        "bubble_fraction": 0.0,
+        "communication": {"total_s": 0.0, "exposed_s": 0.0},
+        "ranks": [rank],
+        "warnings": warnings,
+        "device": device.name,
+        "precision": scenario.training.precision,
+        "framework": scenario.training.framework,
+        "allocator": cluster.allocator_kind,
+        "model": {"name": scenario.model.preset or scenario.model.architecture,
+                  "parameters": int(workload.parameter_count)},
+        "time_breakdown": {**phase_time, "exposed_communication_s": 0.0, "idle_s": idle},
+        "oom": None if oom is None else {
+            "op": oom.op, "tensor": oom.tensor, "requested_bytes": oom.requested_bytes,
+            "allocated_bytes": oom.allocated_bytes, "reserved_bytes": oom.reserved_bytes,
+            "capacity_bytes": oom.capacity_bytes,
+            "live_by_category": dict(oom.live_by_category),
+            "largest_live": [[name, size] for name, size in oom.largest_live]},
+    }

@@ -1,0 +1,89 @@
+"""Value types the engine produces: executed spans, memory samples, allocator events, per-rank traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One executed instruction that took time on a stream (a kernel, a transfer, a collective)."""
+
+    rank: int
+    stream: str          # "compute", "comm", "h2d", "d2h", ...
+    name: str            # op name, e.g. "layer3.mlp.fc1"
+    kind: str            # op class ("gemm", ...) or "send"/"recv"/"all_reduce"/...
+    phase: str           # "fwd", "bwd_input", "bwd_weight", "recompute", "optimizer", "comm"
+    start_s: float
+    end_s: float
+    flops: float = 0.0
+    bytes: int = 0
+    iteration: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """Memory of one rank right after a change: allocated and reserved bytes, allocated by category."""
+
+    time_s: float
+    allocated: int
+    reserved: int
+    by_category: tuple[int, ...]     # allocated bytes per category, order of workload.graph.CATEGORIES
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorEvent:
+    """One allocator trace entry in the vocabulary of PyTorch's memory snapshot (device_traces)."""
+
+    action: str          # alloc | free_requested | free_completed | segment_alloc | segment_free | oom
+    addr: int
+    size: int            # requested bytes for alloc/free, segment bytes for segment events
+    stream: int
+    time_s: float
+    op: str = ""         # the op that caused it (becomes a frame in the snapshot)
+    tensor: str = ""     # tensor name
+    category: str = ""
+
+
+@dataclass(frozen=True)
+class OomInfo:
+    """Where and why a rank ran out of memory."""
+
+    time_s: float
+    op: str
+    tensor: str
+    requested_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    capacity_bytes: int
+    live_by_category: dict[str, int]
+    largest_live: tuple[tuple[str, int], ...]     # (tensor name, bytes), largest first
+
+
+@dataclass
+class RankTrace:
+    """Everything recorded for one simulated rank."""
+
+    rank: int
+    device: str
+    capacity_bytes: int
+    spans: list[Span] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    allocator_events: list[AllocatorEvent] = field(default_factory=list)
+    final_segments: list[dict] = field(default_factory=list)   # snapshot "segments" at the end
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    peak_time_s: float = 0.0
+    breakdown_at_peak: dict[str, int] = field(default_factory=dict)
+    category_peaks: dict[str, int] = field(default_factory=dict)   # each category's own peak
+    peak_op: str = ""
+    oom: OomInfo | None = None
+
+
+@dataclass
+class Trace:
+    """The result of one simulation: a RankTrace per simulated rank plus iteration boundaries."""
+
+    ranks: list[RankTrace]
+    iteration_bounds_s: list[tuple[float, float]]   # (start, end) of each measured iteration
+    end_time_s: float

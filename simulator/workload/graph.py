@@ -1,0 +1,93 @@
+"""Operator-DAG value types: tensors with sizes and memory categories, ops with costs, the ordered graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Memory categories reported per rank (DESIGN.md's breakdown_at_peak keys).
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+OPTIMIZER_STATES = "optimizer_states"
+ACTIVATIONS = "activations"
+COMMUNICATION_BUFFERS = "communication_buffers"
+OTHER = "other"
+CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATES, ACTIVATIONS, COMMUNICATION_BUFFERS, OTHER)
+
+# Bytes per element of the dtypes memsim knows.
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "uint8": 1, "bool": 1, "int64": 8, "int32": 4}
+
+# Op classes used by the cost model to pick an efficiency.
+GEMM = "gemm"                  # dense matmul (linear layers, LM head, attention scores in eager mode)
+ATTENTION = "attention"        # fused attention kernel (flash / SDPA)
+ELEMENTWISE = "elementwise"    # pointwise: activation functions, dropout, residual add, scale, cast
+NORM = "norm"                  # LayerNorm / RMSNorm
+SOFTMAX = "softmax"            # softmax and log-softmax / cross-entropy reductions
+EMBEDDING = "embedding"        # gathers and scatters (embedding lookup and its backward)
+OPTIMIZER = "optimizer"        # optimizer update kernels
+COPY = "copy"                  # memory copies (contiguous, transpose, cast to another buffer)
+OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY)
+
+# Phases of a training iteration.
+FORWARD = "fwd"
+BACKWARD_INPUT = "bwd_input"      # gradient with respect to the op's inputs (B / I in pipeline notation)
+BACKWARD_WEIGHT = "bwd_weight"    # gradient with respect to its weights (W in pipeline notation)
+RECOMPUTE = "recompute"           # forward ops replayed during backward (activation checkpointing)
+OPTIMIZER_STEP = "optimizer"
+PHASES = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER_STEP)
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A buffer the program allocates and frees: its size, dtype and memory category.
+
+    `persistent` tensors (parameters, optimizer states, gradient buffers that live across
+    iterations) are allocated once before the first iteration and never freed.
+    """
+
+    id: int
+    name: str
+    nbytes: int
+    category: str
+    dtype: str = "fp32"
+    shape: tuple[int, ...] = ()
+    persistent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel (or fused group of kernels) with what it costs and what memory it takes and releases.
+
+    Memory semantics, in program order: every tensor in `allocs` is allocated when the op starts,
+    the op runs, then every tensor in `frees` is released. A tensor freed by the same op that
+    allocated it is a transient workspace.
+    """
+
+    name: str                      # e.g. "layer3.mlp.fc1"
+    op_class: str                  # one of OP_CLASSES
+    phase: str                     # one of PHASES
+    flops: float = 0.0             # floating-point operations (multiply-add = 2)
+    bytes_read: int = 0            # bytes read from device memory, no cache assumed
+    bytes_written: int = 0         # bytes written to device memory
+    dtype: str = "fp32"            # compute dtype (selects the FLOP rate)
+    gemm_mnk: tuple[int, int, int] | None = None   # (m, n, k) of the dominant matmul, batched dims folded into m
+    gemm_batch: int = 1            # number of independent matmuls of that shape (batched matmul)
+    inputs: tuple[int, ...] = ()   # tensor ids read (for L2 reuse of just-produced tensors)
+    outputs: tuple[int, ...] = ()  # tensor ids written
+    allocs: tuple[int, ...] = ()   # tensor ids allocated at op start
+    frees: tuple[int, ...] = ()    # tensor ids freed at op end
+    layer: int = -1                # transformer layer index, -1 for embedding/head/optimizer
+    microbatch: int = 0
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """A straight-line program of ops for one rank and the tensors they use.
+
+    `ops` is in execution order; `tensors` maps id -> Tensor. Dependencies are the program order
+    (a single compute stream); ops of other streams are added by lowering.
+    """
+
+    tensors: dict[int, Tensor]
+    ops: tuple[Op, ...]
+    persistent: tuple[int, ...] = ()          # tensor ids allocated before the first op
+    meta: dict[str, object] = field(default_factory=dict)

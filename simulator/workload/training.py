@@ -1,0 +1,186 @@
+"""One rank's training iteration as ops: micro-batches (forward + backward), optimizer step, zero_grad.
+
+Where the bytes of mixed precision live follows `framework`:
+* torch (autocast): fp32 parameters and gradients, 16-bit copies of weights cached per forward,
+  16-bit activations for matmuls; Adam states in the parameter dtype (fp32).
+* megatron: 16-bit parameters, a persistent fp32 gradient buffer (main_grad), fp32 main parameters
+  and Adam states: 2 + 4 + 4 + 8 = 18 bytes per parameter.
+* deepspeed: 16-bit parameters and gradients, fp32 master weights and Adam states: 2 + 2 + 12.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.workload.graph import DTYPE_BYTES, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
+from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
+from simulator.workload.primitives import KernelProfile, Ops
+from simulator.workload.tape import Ref, Tape, numel
+from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
+
+CPU_RNG_STATE_BYTES = 5056
+HALF = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp8-mixed": "bf16", "bf16": "bf16"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The training options that shape one rank's program."""
+
+    micro_batch_size: int
+    accumulation_steps: int
+    precision: str
+    framework: str
+    optimizer: str
+    optimizer_implementation: str      # resolved: single-tensor | foreach | fused
+    recompute: str
+    activation_compression: str = "none"     # "int8": saved activations kept as int8 + row scales
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Where each kind of bytes lives for a (precision, framework) pair."""
+
+    param: str             # the model's parameters
+    autocast: str | None   # autocast compute dtype (torch mixed precision) or None
+    grad: str              # gradients produced for parameters
+    master: str | None     # separate fp32 master copy (megatron/deepspeed), None if the params are updated
+    persistent_grad_buffer: bool   # megatron main_grad: gradients accumulate into a persistent buffer
+
+
+def dtypes_for(precision: str, framework: str) -> Dtypes:
+    """Resolve the byte conventions of a precision under a framework."""
+    if precision == "fp32":
+        return Dtypes("fp32", None, "fp32", None, False)
+    if precision == "bf16":
+        return Dtypes("bf16", None, "bf16", None, False)
+    half = HALF[precision] if precision != "fp16-mixed" else "fp16"
+    if framework == "megatron":
+        return Dtypes(half, None, "fp32", "fp32", True)
+    if framework == "deepspeed":
+        return Dtypes(half, None, half, "fp32", False)
+    return Dtypes("fp32", half, "fp32", None, False)
+
+
+@dataclass
+class IterationWorkload:
+    """Everything one rank does in an iteration, with the tensors the ops name."""
+
+    tensors: dict[int, Tensor]
+    persistent: tuple[int, ...]                 # parameters, buffers, persistent gradient buffers
+    optimizer_state_ids: tuple[int, ...]        # created at the first optimizer step
+    microbatch_inputs: tuple[int, ...]          # allocated at the start of each micro-batch
+    first_microbatch: list[Op]
+    later_microbatch: list[Op]
+    optimizer: list[Op]
+    gradients: tuple[int, ...]                  # freed by zero_grad(set_to_none=True)
+    parameter_count: int
+    meta: dict[str, object] = field(default_factory=dict)
+
+
+class _GradPolicy:
+    """Tracks which parameters hold a gradient while a micro-batch's backward runs."""
+
+    def __init__(self, accumulate_into_existing: bool):
+        self.accumulate = accumulate_into_existing
+        self.seen: set[int] = set()
+        self.grads: list[Tensor] = []
+
+    def has_grad(self, param: Ref) -> bool:
+        return self.accumulate or param.id in self.seen
+
+    def became_grad(self, param: Ref, grad: Tensor) -> None:
+        self.seen.add(param.id)
+        self.grads.append(grad)
+
+
+def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
+    if shape.architecture == "vit":
+        side = int(round((shape.seq - 1) ** 0.5)) * shape.patch
+        image = (b, shape.channels, side, side)
+        pixels = tape.storage("pixels", image, dt, OTHER)
+        targets = tape.storage("targets", (b,), "int64", OTHER)
+        return pixels, targets
+    idx = tape.storage("input_ids", (b, shape.seq), "int64", OTHER)
+    targets = tape.storage("targets", (b, shape.seq), "int64", OTHER)
+    return idx, targets
+
+
+def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
+    """Build the ops of one training iteration on one rank (no model parallelism)."""
+    dts = dtypes_for(recipe.precision, recipe.framework)
+    b = recipe.micro_batch_size
+    compress = recipe.activation_compression == "int8"
+    # torch.utils.checkpoint stashes the CPU generator state (5,056 bytes, measured on torch 2.13);
+    # on a GPU that tensor lives in host memory and costs the device nothing.
+    rng_bytes = CPU_RNG_STATE_BYTES if profile.device_kind == "cpu" else 0
+    tape = Tape(microbatch=0, compress_saved=compress, rng_state_bytes=rng_bytes)
+    ops = Ops(tape, profile, dts.autocast)
+    builder = TransformerBuilder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
+    input_dtype = dts.autocast or dts.param
+    idx, targets = _inputs(tape, shape, b, input_dtype)
+    persistent_refs = builder.params.refs + builder.buffers
+    loss = builder.forward(idx, targets)
+    policy = _GradPolicy(dts.persistent_grad_buffer)
+    first_ops, tensors = tape.finish(loss, policy)
+    tensors = dict(tensors)
+    grads = [g.id for g in policy.grads]
+    later_ops: list[Op] = []
+    next_id = max(tensors) + 1 if tensors else tape.next_tensor_id
+    if recipe.accumulation_steps > 1:
+        # Later micro-batches accumulate into the existing gradients: same forward, new tensor ids.
+        tape2 = Tape(microbatch=1, first_tensor_id=next_id, compress_saved=compress,
+                     rng_state_bytes=rng_bytes)
+        tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
+        tape2._storages[idx.id] = tape._storages[idx.id]
+        tape2._storages[targets.id] = tape._storages[targets.id]
+        ops2 = Ops(tape2, profile, dts.autocast)
+        builder.ops, builder.tape = ops2, tape2
+        loss2 = builder.forward(idx, targets)
+        later_ops, tensors2 = tape2.finish(loss2, _GradPolicy(True))
+        tensors.update(tensors2)
+        next_id = max(tensors) + 1
+    ids = IdSource(max(next_id, tape.next_tensor_id))
+    # Persistent tensors: parameters and buffers as declared on the tape.
+    for ref in persistent_refs:
+        st = tape._storages[ref.id]
+        tensors[ref.id] = Tensor(ref.id, st.name, ref.nbytes, st.category, ref.dtype, ref.shape,
+                                 persistent=True)
+    for ref in (idx, targets):
+        tensors[ref.id] = Tensor(ref.id, tape._storages[ref.id].name, ref.nbytes, OTHER, ref.dtype, ref.shape)
+    persistent = [ref.id for ref in persistent_refs]
+    params = builder.params
+    grad_buffers: list[int] = []
+    if dts.persistent_grad_buffer:
+        for ref, name in zip(params.refs, params.names):
+            tensor = Tensor(ids(), f"{name}.main_grad", numel(ref.shape) * DTYPE_BYTES[dts.grad],
+                            GRADIENTS, dts.grad, ref.shape, persistent=True)
+            tensors[tensor.id] = tensor
+            grad_buffers.append(tensor.id)
+        persistent += grad_buffers
+    master = [MasterParam(name, ref.shape, numel(ref.shape), dts.master or ref.dtype, dts.grad)
+              for ref, name in zip(params.refs, params.names)]
+    state_tensors: list[Tensor] = []
+    if dts.master:
+        for p in master:
+            state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
+                                        OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
+    state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
+    for tensor in state_tensors:
+        tensors[tensor.id] = tensor
+    opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
+    # Gradients stolen into .grad are per-iteration tensors of category "gradients".
+    for gid in grads:
+        t = tensors[gid]
+        tensors[gid] = Tensor(t.id, t.name, t.nbytes, GRADIENTS, t.dtype, t.shape)
+    return IterationWorkload(
+        tensors=tensors,
+        persistent=tuple(persistent),
+        optimizer_state_ids=tuple(t.id for t in state_tensors),
+        microbatch_inputs=(idx.id, targets.id),
+        first_microbatch=first_ops,
+        later_microbatch=later_ops,
+        optimizer=opt_ops,
+        gradients=tuple(grads),
+        parameter_count=sum(numel(r.shape) for r in params.refs),
+        meta={"dtypes": dts},
+    )

@@ -1,0 +1,422 @@
+"""Transformer forward passes (GPT-2, LLaMA, BERT, ViT) recorded op by op on a tape.
+
+Each builder mirrors the reference torch modules in validation/torch_models.py statement by
+statement, so that allocation order, saved tensors and Python lifetimes match PyTorch's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.workload.graph import OTHER
+from simulator.workload.primitives import Ops
+from simulator.workload.tape import Ref
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The dimensions a builder needs (a ModelConfig reduced to numbers)."""
+
+    architecture: str
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq: int
+    positions: int
+    activation: str
+    norm: str
+    bias: bool
+    attention: str
+    dropout: float
+    tied: bool
+    post_norm: bool = False
+    patch: int = 16
+    channels: int = 3
+    classes: int = 1000
+    type_vocab: int = 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass
+class Params:
+    """Parameter refs of the whole model, in module registration order (torch's parameters())."""
+
+    refs: list[Ref]
+    names: list[str]
+
+    def add(self, ops: Ops, name: str, shape: tuple[int, ...], dtype: str) -> Ref:
+        ref = ops.param(name, shape, dtype)
+        self.refs.append(ref)
+        self.names.append(name)
+        return ref
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Which regions are replayed in backward: 'none', 'selective', 'full' or 'segments:N'."""
+
+    mode: str = "none"
+
+    @property
+    def selective(self) -> bool:
+        return self.mode == "selective"
+
+    def block_regions(self, num_layers: int) -> list[tuple[int, int]]:
+        """(first, last) layer index of each checkpointed group of blocks."""
+        if self.mode == "full":
+            return [(i, i) for i in range(num_layers)]
+        if self.mode.startswith("segments:"):
+            segments = int(self.mode.split(":")[1])
+            size = num_layers // segments
+            # torch.utils.checkpoint.checkpoint_sequential: segments of `size` blocks, the last
+            # segment (whatever remains) runs without checkpointing.
+            return [(start, start + size - 1) for start in range(0, size * (segments - 1), size)]
+        return []
+
+
+class TransformerBuilder:
+    """Declares a model's parameters and records one micro-batch's forward pass."""
+
+    def __init__(self, ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing,
+                 micro_batch: int):
+        self.ops = ops
+        self.tape = ops.tape
+        self.m = shape
+        self.pdt = param_dtype
+        self.ckpt = checkpointing
+        self.b = micro_batch
+        self.params = Params([], [])
+        self.layers: list[dict[str, Ref]] = []
+        self.top: dict[str, Ref] = {}
+        self.buffers: list[Ref] = []
+        self._declare()
+
+    # ------------------------------------------------------------------ parameters
+    def _p(self, name: str, shape: tuple[int, ...]) -> Ref:
+        return self.params.add(self.ops, name, shape, self.pdt)
+
+    def _norm_params(self, prefix: str) -> dict[str, Ref]:
+        h = self.m.hidden
+        out = {"w": self._p(f"{prefix}.weight", (h,))}
+        if self.m.norm == "layernorm" and self.m.bias:
+            out["b"] = self._p(f"{prefix}.bias", (h,))
+        return out
+
+    def _linear_params(self, prefix: str, in_f: int, out_f: int) -> dict[str, Ref]:
+        out = {"w": self._p(f"{prefix}.weight", (out_f, in_f))}
+        if self.m.bias:
+            out["b"] = self._p(f"{prefix}.bias", (out_f,))
+        return out
+
+    def _declare(self) -> None:
+        m = self.m
+        h = m.hidden
+        kvd = m.kv_heads * m.head_dim
+        if m.architecture == "llama":
+            self.top["wte"] = self._p("embed_tokens.weight", (m.vocab, h))
+        elif m.architecture == "vit":
+            self.top["patch"] = self._p("patch_embed.weight", (h, m.channels * m.patch * m.patch))
+            self.top["patch_b"] = self._p("patch_embed.bias", (h,))
+            self.top["cls"] = self._p("cls_token", (1, 1, h))
+            self.top["wpe"] = self._p("pos_embed", (1, m.seq, h))
+        else:
+            self.top["wte"] = self._p("wte.weight", (m.vocab, h))
+            self.top["wpe"] = self._p("wpe.weight", (m.positions, h))
+            if m.architecture == "bert":
+                self.top["wtt"] = self._p("token_type_embeddings.weight", (m.type_vocab, h))
+                self.top.update({f"emb_ln_{k}": v for k, v in self._norm_params("embeddings.LayerNorm").items()})
+        for i in range(m.num_layers):
+            layer: dict[str, Ref] = {}
+            pre = f"layers.{i}"
+            layer.update({f"ln1_{k}": v for k, v in self._norm_params(f"{pre}.ln_1").items()})
+            if m.architecture == "llama":
+                for proj, out_f in (("q", h), ("k", kvd), ("v", kvd)):
+                    layer.update({f"{proj}_{k}": v for k, v in
+                                  self._linear_params(f"{pre}.{proj}_proj", h, out_f).items()})
+                layer.update({f"o_{k}": v for k, v in self._linear_params(f"{pre}.o_proj", h, h).items()})
+            else:
+                layer.update({f"qkv_{k}": v for k, v in
+                              self._linear_params(f"{pre}.c_attn", h, h + 2 * kvd).items()})
+                layer.update({f"o_{k}": v for k, v in self._linear_params(f"{pre}.attn.c_proj", h, h).items()})
+            layer.update({f"ln2_{k}": v for k, v in self._norm_params(f"{pre}.ln_2").items()})
+            if m.activation == "swiglu":
+                for proj in ("gate", "up"):
+                    layer.update({f"{proj}_{k}": v for k, v in
+                                  self._linear_params(f"{pre}.mlp.{proj}_proj", h, m.ffn).items()})
+                layer.update({f"down_{k}": v for k, v in
+                              self._linear_params(f"{pre}.mlp.down_proj", m.ffn, h).items()})
+            else:
+                layer.update({f"fc1_{k}": v for k, v in self._linear_params(f"{pre}.mlp.c_fc", h, m.ffn).items()})
+                layer.update({f"fc2_{k}": v for k, v in
+                              self._linear_params(f"{pre}.mlp.c_proj", m.ffn, h).items()})
+            self.layers.append(layer)
+        self.top.update({f"lnf_{k}": v for k, v in self._norm_params("ln_f").items()})
+        if m.architecture == "bert":
+            self.top.update({f"mlm_{k}": v for k, v in self._linear_params("cls.transform.dense", h, h).items()})
+            self.top.update({f"mlm_ln_{k}": v for k, v in self._norm_params("cls.transform.LayerNorm").items()})
+            self.top["mlm_bias"] = self._p("cls.decoder.bias", (m.vocab,))
+        if m.architecture == "vit":
+            self.top["head"] = self._p("head.weight", (m.classes, h))
+            self.top["head_b"] = self._p("head.bias", (m.classes,))
+        elif not m.tied:
+            self.top["head"] = self._p("lm_head.weight", (m.vocab, h))
+        else:
+            self.top["head"] = self.top["wte"]
+        self._declare_buffers()
+
+    def _declare_buffers(self) -> None:
+        m = self.m
+        ops = self.ops
+        self.causal: list[Ref] = []
+        if m.architecture == "gpt":
+            # One bool (1, 1, P, P) causal-mask buffer per layer, as HF GPT-2 / nanoGPT register it.
+            for i in range(m.num_layers):
+                ref = ops.buffer(f"layers.{i}.attn.bias", (1, 1, m.positions, m.positions), "bool")
+                self.buffers.append(ref)
+                self.causal.append(ref)
+        elif m.architecture == "llama":
+            # RoPE cos/sin tables (P, head_dim) in the build dtype and one shared bool causal mask.
+            self.rope_cos = ops.buffer("rope_cos", (m.positions, m.head_dim), self.pdt)
+            self.rope_sin = ops.buffer("rope_sin", (m.positions, m.head_dim), self.pdt)
+            mask = ops.buffer("causal_mask", (1, 1, m.positions, m.positions), "bool")
+            self.buffers += [self.rope_cos, self.rope_sin, mask]
+            self.causal = [mask] * m.num_layers
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, idx: Ref, targets: Ref) -> Ref:
+        """Record the forward of one micro-batch; returns the loss ref."""
+        m = self.m
+        x = self._embed(idx)
+        regions = {first: last for first, last in self.ckpt.block_regions(m.num_layers)}
+        closing: int | None = None
+        for i in range(m.num_layers):
+            self.tape.layer = i
+            if i in regions:
+                self.tape.begin_checkpoint((x,))
+                closing = regions[i]
+            x = self._block(i, x)
+            if closing == i:
+                self.tape.end_checkpoint()
+                closing = None
+        self.tape.layer = -1
+        return self._head(x, targets)
+
+    def _embed(self, idx: Ref) -> Ref:
+        m, ops, b = self.m, self.ops, self.b
+        if m.architecture == "llama":
+            return ops.embedding(self.top["wte"], idx, "embed_tokens")
+        if m.architecture == "vit":
+            return self._embed_vit(idx)
+        (pos,) = self.tape.node("arange", "elementwise", (), (("pos", (m.seq,), "int64"),),
+                                requires_grad=False)
+        tok = ops.embedding(self.top["wte"], idx, "wte")
+        pos_emb = ops.embedding(self.top["wpe"], pos, "wpe")
+        x = ops.add(tok, pos_emb, "embed_add")
+        if m.architecture == "bert":
+            (types,) = self.tape.node("token_type_ids", "elementwise", (), (("token_types", (b, m.seq), "int64"),),
+                                      requires_grad=False, category=OTHER)
+            x = ops.add(x, ops.embedding(self.top["wtt"], types, "token_type"), "embed_add_types")
+            x = self._norm(x, "emb_ln", self.top, "embeddings.LayerNorm")
+        return ops.dropout(x, m.dropout, "embed_dropout")
+
+    def _embed_vit(self, pixels: Ref) -> Ref:
+        m, ops, b = self.m, self.ops, self.b
+        patches = (m.seq - 1)
+        k = m.channels * m.patch * m.patch
+        # Conv2d(stride=patch) == unfold + linear; the conv saves its input image.
+        unfolded = self.tape.view(pixels, (b, patches, k), "patchify", grad_copies=True)
+        x = ops.linear(unfolded, self.top["patch"], self.top["patch_b"], "patch_embed")
+        cls = self.tape.view(self.top["cls"], (b, 1, m.hidden), "cls_expand")
+        x = ops.cat((cls, x), (b, m.seq, m.hidden), "cat_cls")
+        x = ops.add(x, self.top["wpe"], "pos_add")
+        return ops.dropout(x, m.dropout, "embed_dropout")
+
+    def _norm(self, x: Ref, key: str, params: dict[str, Ref], name: str) -> Ref:
+        if self.m.norm == "rmsnorm":
+            return self.ops.rms_norm(x, params[f"{key}_w"], name)
+        return self.ops.layer_norm(x, params[f"{key}_w"], params.get(f"{key}_b"), name)
+
+    def _block(self, i: int, x: Ref) -> Ref:
+        m, ops = self.m, self.ops
+        p = self.layers[i]
+        pre = f"layers.{i}"
+        if m.post_norm:
+            # BERT: x = LN(x + dropout(attn(x))); x = LN(x + dropout(mlp(x)))
+            a = ops.dropout(self._attention(i, x), m.dropout, f"{pre}.attn_dropout")
+            x = self._norm(ops.add(x, a, f"{pre}.residual1"), "ln1", p, f"{pre}.ln_1")
+            f = ops.dropout(self._mlp(i, x), m.dropout, f"{pre}.mlp_dropout")
+            return self._norm(ops.add(x, f, f"{pre}.residual2"), "ln2", p, f"{pre}.ln_2")
+        a = self._attention(i, self._norm(x, "ln1", p, f"{pre}.ln_1"))
+        x = ops.add(x, ops.dropout(a, m.dropout, f"{pre}.attn_dropout"), f"{pre}.residual1")
+        f = self._mlp(i, self._norm(x, "ln2", p, f"{pre}.ln_2"))
+        return ops.add(x, ops.dropout(f, m.dropout, f"{pre}.mlp_dropout"), f"{pre}.residual2")
+
+    def _mlp(self, i: int, x: Ref) -> Ref:
+        m, ops = self.m, self.ops
+        p = self.layers[i]
+        pre = f"layers.{i}.mlp"
+        if m.activation == "swiglu":
+            gate = ops.linear(x, p["gate_w"], p.get("gate_b"), f"{pre}.gate_proj")
+            act = ops.unary(gate, f"{pre}.silu", 4.0)
+            up = ops.linear(x, p["up_w"], p.get("up_b"), f"{pre}.up_proj")
+            prod = ops.mul(act, up, f"{pre}.mul")
+            out = ops.linear(prod, p["down_w"], p.get("down_b"), f"{pre}.down_proj")
+        else:
+            hidden = ops.linear(x, p["fc1_w"], p.get("fc1_b"), f"{pre}.c_fc")
+            act = ops.unary(hidden, f"{pre}.gelu", 8.0)
+            out = ops.linear(act, p["fc2_w"], p.get("fc2_b"), f"{pre}.c_proj")
+        self.tape.hold(x)                  # the module's argument lives until forward returns
+        return out
+
+    # ------------------------------------------------------------------ attention
+    def _attention(self, i: int, x: Ref) -> Ref:
+        m, ops, tape, b = self.m, self.ops, self.tape, self.b
+        p = self.layers[i]
+        pre = f"layers.{i}.attn"
+        s, h, nh, kv, hd = m.seq, m.hidden, m.heads, m.kv_heads, m.head_dim
+        if m.architecture == "llama":
+            q = tape.view(ops.linear(x, p["q_w"], None, f"{pre}.q_proj"), (b, nh, s, hd), f"{pre}.q_view",
+                          grad_copies=True)
+            k = tape.view(ops.linear(x, p["k_w"], None, f"{pre}.k_proj"), (b, kv, s, hd), f"{pre}.k_view",
+                          grad_copies=True)
+            v = tape.view(ops.linear(x, p["v_w"], None, f"{pre}.v_proj"), (b, kv, s, hd), f"{pre}.v_view",
+                          grad_copies=True)
+            q = self._rope(q, f"{pre}.rope_q")
+            k = self._rope(k, f"{pre}.rope_k")
+            k = self._repeat_kv(k, f"{pre}.repeat_k")
+            v = self._repeat_kv(v, f"{pre}.repeat_v")
+            holders = (q, k, v)
+        else:
+            qkv = ops.linear(x, p["qkv_w"], p.get("qkv_b"), f"{pre}.c_attn")
+            kvd = kv * hd
+            q, k, v = tape.views(qkv, ((b, nh, s, hd), (b, kv, s, hd), (b, kv, s, hd)), f"{pre}.split",
+                                 cat_grad=True)
+            holders = (qkv,)
+        y, contiguous_out = self._core(i, q, k, v, pre)
+        if not contiguous_out:
+            y = ops.contiguous(y, f"{pre}.merge_heads")
+        merged = tape.view(y, (b, s, h), f"{pre}.merge_view")
+        out = ops.linear(merged, p["o_w"], p.get("o_b"), f"{pre}.o_proj")
+        tape.hold(x, merged, *holders)     # the argument and the locals live until forward returns
+        return out
+
+    def _rope(self, x: Ref, name: str) -> Ref:
+        """x * cos + rotate_half(x) * sin (HF apply_rotary_pos_emb with cached tables)."""
+        ops, tape = self.ops, self.tape
+        b, heads, s, hd = x.shape
+        cos = tape.view(self.rope_cos, (s, hd), f"{name}.cos")
+        sin = tape.view(self.rope_sin, (s, hd), f"{name}.sin")
+        xc = ops.mul(x, cos, f"{name}.mul_cos")
+        half = tape.views(x, ((b, heads, s, hd // 2), (b, heads, s, hd // 2)), f"{name}.halves", cat_grad=True)
+        neg = ops.neg(half[1], f"{name}.neg")
+        rotated = ops.cat((neg, half[0]), x.shape, f"{name}.cat")
+        rs = ops.mul(rotated, sin, f"{name}.mul_sin")
+        out = ops.add(xc, rs, f"{name}.add")
+        tape.hold(x)                       # apply_rope's argument lives until it returns
+        return out
+
+    def _repeat_kv(self, x: Ref, name: str) -> Ref:
+        m = self.m
+        rep = m.heads // m.kv_heads
+        if rep == 1:
+            return x
+        b, kv, s, hd = x.shape
+        expanded = self.tape.view(x, (b, kv, rep, s, hd), f"{name}.expand", grad_copies=True)
+        return self.ops.contiguous(expanded, f"{name}.reshape")
+
+    def _core(self, i: int, q: Ref, k: Ref, v: Ref, pre: str) -> tuple[Ref, bool]:
+        """The attention core; returns (output, whether it is already laid out as (b, s, nh, hd))."""
+        m, ops, tape = self.m, self.ops, self.tape
+        selective = self.ckpt.selective
+        if selective:
+            tape.begin_checkpoint((q, k, v))
+        flash = m.attention == "flash" and (m.dropout == 0.0 or ops.profile.flash_with_dropout)
+        if flash:
+            b, nh, s, hd = q.shape
+            flops = 4.0 * b * nh * s * s * hd / 2   # causal: half the score matrix
+            y = ops.sdpa_flash(q, k, v, (b, s, nh, hd), (b, nh, s), flops, f"{pre}.sdpa")
+            y = tape.view(y, (b, nh, s, hd), f"{pre}.sdpa_view")
+            contiguous_out = True
+        elif m.attention == "flash":
+            y = self._math_sdpa_core(q, k, v, pre)
+            contiguous_out = False
+        else:
+            y = self._eager_core(q, k, v, pre)
+            contiguous_out = False
+        if selective:
+            tape.end_checkpoint()
+        return y, contiguous_out
+
+    def _eager_core(self, q: Ref, k: Ref, v: Ref, pre: str) -> Ref:
+        m, ops = self.m, self.ops
+        b, nh, s, hd = q.shape
+        qc = ops.contiguous(q, f"{pre}.q_contiguous")
+        kc = ops.contiguous(k, f"{pre}.k_contiguous")
+        scores = ops.bmm(qc, kc, (b, nh, s, s), b * nh, s, s, hd, f"{pre}.scores")
+        scores = ops.div_by_scalar_tensor(scores, f"{pre}.scale")
+        scores = ops.masked_fill(scores, (1, 1, s, s), f"{pre}.mask")
+        masked = scores
+        if m.architecture == "llama":
+            probs = ops.softmax(scores, f"{pre}.softmax", out_dtype="fp32")
+            probs = ops.cast(probs, q.dtype, f"{pre}.softmax_cast")
+        else:
+            probs = ops.softmax(scores, f"{pre}.softmax")
+        probs = ops.dropout(probs, m.dropout, f"{pre}.attn_dropout")
+        vc = ops.contiguous(v, f"{pre}.v_contiguous")
+        out = ops.bmm(probs, vc, (b, nh, s, hd), b * nh, s, hd, s, f"{pre}.context")
+        self.tape.hold(masked, probs)      # locals `scores` and `probs` live until the core returns
+        return out
+
+    def _math_sdpa_core(self, q: Ref, k: Ref, v: Ref, pre: str) -> Ref:
+        """SDPA's math fallback (CPU with dropout), as torch 2.13's _scaled_dot_product_attention_math
+        runs it: q and k each scaled by sqrt(scale), a float causal mask built from ones().tril(),
+        scores + mask, _safe_softmax, dropout, @ v. The scaled k and the mask live to the end."""
+        m, ops, tape = self.m, self.ops, self.tape
+        b, nh, s, hd = q.shape
+        qs = ops.scale(q, f"{pre}.q_scale")
+        (ones,) = tape.node(f"{pre}.mask_ones", "elementwise", (), ((f"{pre}.mask_ones", (s, s), "bool"),),
+                            requires_grad=False)
+        (tril,) = tape.node(f"{pre}.mask_tril", "elementwise", (ones,), ((f"{pre}.mask_tril", (s, s), "bool"),),
+                            requires_grad=False)
+        (zero,) = tape.node(f"{pre}.mask_zero", "elementwise", (), ((f"{pre}.mask_zero", (), "fp32"),),
+                            requires_grad=False)
+        (neg_inf,) = tape.node(f"{pre}.mask_neg_inf", "elementwise", (), ((f"{pre}.mask_neg_inf", (), "fp32"),),
+                               requires_grad=False)
+        (mask,) = tape.node(f"{pre}.mask_where", "elementwise", (tril, zero, neg_inf),
+                            ((f"{pre}.mask", (s, s), q.dtype),), requires_grad=False)
+        ks = ops.scale(k, f"{pre}.k_scale")
+        qc = ops.contiguous(qs, f"{pre}.q_contiguous")
+        kc = ops.contiguous(ks, f"{pre}.k_contiguous")
+        scores = ops.bmm(qc, kc, (b, nh, s, s), b * nh, s, s, hd, f"{pre}.scores")
+        scores = ops.add(scores, mask, f"{pre}.add_mask")
+        probs = ops.softmax(scores, f"{pre}.safe_softmax")
+        probs = ops.dropout(probs, m.dropout, f"{pre}.attn_dropout")
+        vc = ops.contiguous(v, f"{pre}.v_contiguous")
+        out = ops.bmm(probs, vc, (b, nh, s, hd), b * nh, s, hd, s, f"{pre}.context")
+        tape.hold(ks, mask)                # C++ locals of the math kernel, released when it returns
+        return out
+
+    # ------------------------------------------------------------------ head and loss
+    def _head(self, x: Ref, targets: Ref) -> Ref:
+        m, ops = self.m, self.ops
+        x = self._norm(x, "lnf", self.top, "ln_f")
+        if m.architecture == "vit":
+            cls = self.tape.view(x, (self.b, m.hidden), "cls_select", grad_copies=True)
+            logits = ops.linear(cls, self.top["head"], self.top["head_b"], "head")
+            return ops.cross_entropy(logits, targets, "loss")
+        if m.architecture == "bert":
+            x = ops.linear(x, self.top["mlm_w"], self.top.get("mlm_b"), "cls.transform.dense")
+            x = ops.unary(x, "cls.transform.gelu", 8.0)
+            x = self._norm(x, "mlm_ln", self.top, "cls.transform.LayerNorm")
+        logits = ops.linear(x, self.top["head"], self.top.get("mlm_bias"), "lm_head")
+        flat = self.tape.view(logits, (self.b * m.seq, m.vocab), "logits_view")
+        loss = ops.cross_entropy(flat, targets, "loss")
+        self.tape.hold(x, logits)      # locals of the model's forward, alive until it returns
+        return loss
+

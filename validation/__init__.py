@@ -1,0 +1,1 @@
+"""Capture of real torch training runs (memory, time) that memsim is validated and calibrated against."""
