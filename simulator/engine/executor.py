@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from simulator.engine.allocator import Allocator, OutOfMemory
+from simulator.engine.allocator import Allocator
 from simulator.engine.memory import RankMemory
 from simulator.errors import DeadlockError
 from simulator.parallel.program import Alloc, Free, Mark, Program, Run, Signal, WaitFor
@@ -105,12 +105,7 @@ def _stream_process(env, state: _RankState, stream: str, instructions, options: 
 
 
 def _allocate(state: _RankState, tensors, stream: str, time_s: float, op: str) -> bool:
-    try:
-        state.memory.allocate(tensors, stream, time_s, op)
-    except OutOfMemory as error:
-        state.trace.oom = state.memory.oom_info(error, time_s, op, error.tensor_id)
-        state.failed = True
-        return False
+    state.memory.allocate(tensors, stream, time_s, op)
     return True
 
 
@@ -123,6 +118,7 @@ def _collect(states: list[_RankState], end_time_s: float) -> Trace:
         trace.memory = memory.samples
         trace.allocator_events = memory.allocator.events
         trace.final_segments = memory.allocator.segments()
+        trace.oom = memory.first_oom
         trace.peak_allocated = max(memory.peak_allocated, 0)
         trace.peak_reserved = memory.peak_reserved
         trace.peak_time_s = memory.peak_time_s

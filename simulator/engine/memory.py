@@ -7,6 +7,7 @@ from simulator.trace.records import MemorySample, OomInfo
 from simulator.workload.graph import CATEGORIES, Tensor
 
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
+UNBOUNDED_BYTES = 1 << 62     # capacity after an OOM: keep simulating to measure the requirement
 
 
 class RankMemory:
@@ -29,6 +30,7 @@ class RankMemory:
         self.peak_breakdown: tuple[int, ...] = tuple(self.by_category)
         self.category_peaks = [0] * len(CATEGORIES)
         self.measuring = True
+        self.first_oom: OomInfo | None = None
 
     def allocate(self, tensor_ids: tuple[int, ...], stream: str, time_s: float, op: str) -> None:
         """Allocate tensors in order; raises OutOfMemory (with the allocator's numbers) on failure."""
@@ -40,8 +42,13 @@ class RankMemory:
                 handle = allocator.malloc(tensor.nbytes, stream_id, time_s, op, tensor.name,
                                           tensor.category)
             except OutOfMemory as error:
-                error.tensor_id = tid
-                raise
+                # Record the first failure, then lift the limit and go on: the run still tells
+                # the user how much memory the job would need and where the rest of it goes.
+                if self.first_oom is None:
+                    self.first_oom = self.oom_info(error, time_s, op, tid)
+                allocator.capacity_bytes = UNBOUNDED_BYTES
+                handle = allocator.malloc(tensor.nbytes, stream_id, time_s, op, tensor.name,
+                                          tensor.category)
             self.handles[tid] = handle
             size = allocator.block_bytes(handle)
             self.bytes_of[tid] = size

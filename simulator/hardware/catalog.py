@@ -215,6 +215,7 @@ def _nvidia(**fields: object) -> DeviceSpec:
 
 def _a100(name: str, display: str, memory: tuple[int, str], hbm: float, tdp: float, nvlink: tuple[float, str],
           eff: dict[str, tuple[float, str]]) -> DeviceSpec:
+    assumed = "" if name == "a100-80gb-sxm" else "assumed equal to a100-80gb-sxm (no measurement found): "
     return _nvidia(
         hopper=False, name=name, display_name=display, memory_bytes=memory,
         hbm_bytes_per_s=(hbm, A100_WP), l2_bytes=(40 * MIB, f"{A100_WP}; deviceQuery 'L2 Cache Size: 41943040 bytes' "
@@ -224,9 +225,10 @@ def _a100(name: str, display: str, memory: tuple[int, str], hbm: float, tdp: flo
                          "fp16": (312e12, A100_WP)},
         tdp_w=(tdp, A100_WP), pcie_gen=(4, A100_WP), pcie_lanes=(16, A100_WP),
         nvlink_bytes_per_s_per_direction=nvlink, gemm_efficiency=eff,
-        hbm_efficiency=(0.834, f"{AZURE} ND_A100_v4 (A100-SXM4-80GB): STREAM triad 1.70 TB/s / 2.039 TB/s"),
-        attention_efficiency=(0.575, f"{AZURE} ND_A100_v4: FlashAttention-2 179.5 TFLOP/s (head dim 64, seq 8192) "
-                                     "/ 312; FlashAttention-2 paper reports 50-73% of peak on A100"))
+        hbm_efficiency=(0.834, f"{assumed}{AZURE} ND_A100_v4 (A100-SXM4-80GB): STREAM triad 1.70 TB/s / 2.039 "
+                               "TB/s"),
+        attention_efficiency=(0.575, f"{assumed}{AZURE} ND_A100_v4: FlashAttention-2 179.5 TFLOP/s (head dim 64, "
+                                     "seq 8192) / 312; FlashAttention-2 paper reports 50-73% of peak on A100"))
 
 
 def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, str], l2: tuple[int, str],

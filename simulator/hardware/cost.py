@@ -1,4 +1,4 @@
-"""Roofline cost of one op on one device: max(compute, HBM, L2) time plus launch overhead, with shape-aware GEMM efficiency.
+"""Roofline cost of one op on one device: max(compute, HBM, L2 time) + launch overhead, shape-aware GEMM efficiency.
 
     time = max(flops / (peak[dtype] * efficiency(op class, shape) * sm_fraction),
                hbm_bytes / (hbm_bytes_per_s * hbm_efficiency),

@@ -36,7 +36,7 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     oom = rank_trace.oom
     workload.meta["accumulation_steps"] = recipe.accumulation_steps
     flops = model_flops(workload)
-    if oom is None and trace.iteration_bounds_s:
+    if trace.iteration_bounds_s:
         measured = trace.iteration_bounds_s[warmup:] or trace.iteration_bounds_s
         start, end = measured[0][0], measured[-1][1]
         iteration_time = (end - start) / len(measured)
@@ -50,7 +50,7 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
             duration = span.end_s - span.start_s
             phase_time[_PHASE_KEYS.get(span.phase, "forward_s")] += duration
             compute += duration
-    iterations = max(1, len(trace.iteration_bounds_s) - warmup) if oom is None else 1
+    iterations = max(1, len(trace.iteration_bounds_s) - warmup)
     for key in phase_time:
         phase_time[key] /= iterations
     compute /= iterations
@@ -62,7 +62,8 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     reserved_total = rank_trace.peak_reserved + cluster.context_bytes
     fits = oom is None and reserved_total <= device.memory_bytes
     if oom is not None:
-        warnings.append(f"out of memory in {oom.op} allocating {oom.tensor} ({oom.requested_bytes} bytes)")
+        warnings.append(f"out of memory in {oom.op} allocating {oom.tensor} ({oom.requested_bytes} bytes); "
+                        f"the run continued without a limit, so the peaks show what the job needs")
     elif reserved_total > 0.95 * device.memory_bytes:
         warnings.append("peak reserved memory is within 5% of the device capacity")
     if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
