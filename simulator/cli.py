@@ -22,6 +22,11 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _console() -> Console:
+    # Piped output gets a fixed, readable width instead of rich's 80-column fallback.
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
 def report_json(report: dict) -> str:
     """The report as stable JSON text (sorted keys, fixed float formatting through json)."""
     return json.dumps(report, indent=2, sort_keys=True) + "\n"
@@ -67,7 +72,7 @@ def run(
     if as_json:
         sys.stdout.write(report_json(result.report))
     else:
-        render_summary(result.report, Console())
+        render_summary(result.report, _console())
     if out is not None:
         try:
             paths = write_outputs(result, out)
@@ -75,7 +80,7 @@ def run(
             _fail(f"{out}: cannot write outputs: {error.strerror or error}")
             return
         if not as_json:
-            Console().print("wrote " + ", ".join(str(p) for p in paths))
+            _console().print("wrote " + ", ".join(str(p) for p in paths))
 
 
 @app.command()

@@ -111,14 +111,14 @@ def _time_scale(end_time_s: float) -> tuple[float, str]:
     return 1e6, "µs"
 
 
-def _step_series(samples: list[MemorySample], end_time_s: float, scale: float,
+def _step_series(samples: list[MemorySample], end_time_s: float, scale: float, y_bytes: float = _GIB,
                  ) -> tuple[list[float], list[list[float]], list[float], list[float]]:
-    """x, per-category GiB, allocated GiB, reserved GiB; the last level is held to end_time_s."""
+    """x, per-category, allocated and reserved in units of y_bytes; the last level held to the end."""
     xs = [s.time_s * scale for s in samples]
-    cats = [[(s.by_category[i] if i < len(s.by_category) else 0) / _GIB for s in samples]
+    cats = [[(s.by_category[i] if i < len(s.by_category) else 0) / y_bytes for s in samples]
             for i in range(len(CATEGORIES))]
-    alloc = [s.allocated / _GIB for s in samples]
-    reserved = [s.reserved / _GIB for s in samples]
+    alloc = [s.allocated / y_bytes for s in samples]
+    reserved = [s.reserved / y_bytes for s in samples]
     end = end_time_s * scale
     if samples and end > xs[-1]:
         xs.append(end)
@@ -132,8 +132,13 @@ def _step_series(samples: list[MemorySample], end_time_s: float, scale: float,
 def _draw_panel(ax, rank: RankTrace, trace: Trace, title: str, scale: float, unit: str) -> None:
     samples = downsample_memory(rank.memory, _MAX_PLOT_SAMPLES)
     end_time_s = max([trace.end_time_s] + [s.time_s for s in samples[-1:]])
-    xs, cats, alloc, reserved = _step_series(samples, end_time_s, scale)
-    capacity_gib = rank.capacity_bytes / _GIB
+    peak_time_s, peak_bytes = _peak(rank)
+    used = max([peak_bytes, rank.peak_reserved] + [s.reserved for s in samples] + [1])
+    # Small jobs are drawn in MiB; a capacity far above the curve is named, not drawn to scale.
+    y_unit, y_bytes = ("GiB", _GIB) if used >= _GIB / 4 else ("MiB", 1 << 20)
+    capacity_on_scale = rank.capacity_bytes > 0 and rank.capacity_bytes <= 4 * used
+    xs, cats, alloc, reserved = _step_series(samples, end_time_s, scale, y_bytes)
+    capacity_gib = rank.capacity_bytes / y_bytes
     if xs:
         ax.stackplot(xs, *cats, colors=[_CATEGORY_COLORS[c] for c in CATEGORIES], step="post",
                      linewidth=0, alpha=0.85)
@@ -148,17 +153,17 @@ def _draw_panel(ax, rank: RankTrace, trace: Trace, title: str, scale: float, uni
         if len(trace.iteration_bounds_s) <= 12:
             ax.text((start_s + end_s) / 2 * scale, 1.0, f"iter {number}", ha="center", va="bottom",
                     fontsize=7, color="#666666", transform=ax.get_xaxis_transform())
-    if rank.capacity_bytes > 0:
+    if capacity_on_scale:
         ax.axhline(capacity_gib, color="#d62728", linewidth=1.2, linestyle="--")
-    peak_time_s, peak_bytes = _peak(rank)
     if peak_bytes > 0:
-        ax.plot([peak_time_s * scale], [peak_bytes / _GIB], marker="v", color="black",
+        ax.plot([peak_time_s * scale], [peak_bytes / y_bytes], marker="v", color="black",
                 markersize=7, zorder=5, clip_on=False)
-    top = max([capacity_gib, peak_bytes / _GIB, rank.peak_reserved / _GIB] + reserved + [1e-3])
+    top = max([capacity_gib if capacity_on_scale else 0.0, peak_bytes / y_bytes,
+               rank.peak_reserved / y_bytes] + reserved + [1e-3])
     if rank.oom is not None:
         oom = rank.oom
         ax.axvline(oom.time_s * scale, color="#d62728", linewidth=2.0, zorder=6)
-        wanted_gib = (oom.allocated_bytes + oom.requested_bytes) / _GIB
+        wanted_gib = (oom.allocated_bytes + oom.requested_bytes) / y_bytes
         ax.plot([oom.time_s * scale], [wanted_gib], marker="X", color="#d62728", markersize=9,
                 zorder=7)
         top = max(top, wanted_gib)
@@ -167,14 +172,16 @@ def _draw_panel(ax, rank: RankTrace, trace: Trace, title: str, scale: float, uni
                 color="#d62728", bbox={"boxstyle": "round", "fc": "white", "ec": "#d62728"})
     ax.set_ylim(0, top * (1.3 if rank.oom is not None else 1.12))
     ax.set_xlim(0, max(end_time_s * scale, 1e-9))
-    subtitle = (f"peak {peak_bytes / _GIB:.2f} GiB allocated, "
-                f"{rank.peak_reserved / _GIB:.2f} GiB reserved")
+    subtitle = (f"peak {peak_bytes / y_bytes:.2f} {y_unit} allocated, "
+                f"{rank.peak_reserved / y_bytes:.2f} {y_unit} reserved")
     if rank.capacity_bytes > 0:
-        subtitle += f" of {capacity_gib:.2f} GiB"
+        subtitle += f" of {rank.capacity_bytes / _GIB:.2f} GiB"
+        if not capacity_on_scale:
+            subtitle += " (capacity off scale)"
     ax.set_title(f"{title}\n{subtitle}", color="#d62728" if rank.oom is not None else "black",
                  pad=12)
     ax.set_xlabel(f"time ({unit})")
-    ax.set_ylabel("GiB")
+    ax.set_ylabel(y_unit)
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
 
