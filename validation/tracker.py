@@ -12,7 +12,8 @@ that ``torch.utils.checkpoint`` stashes per checkpointed region (5,056 bytes, op
 tracker sees by wrapping ``torch.get_rng_state`` while active. A storage first seen as an op *input* (a Python scalar
 wrapped into an 8-byte tensor by the argument parser) is counted from that op, with op name
 ``aten.<op>:input``. Python's cyclic garbage collector is disabled during the step so every free happens by
-reference counting, at a deterministic point; a ``gc.collect()`` at exit reports what reference
+reference counting, at a deterministic point; runs of consecutive releases are put in storage-index
+order (torch frees some groups in hash-map order); a ``gc.collect()`` at exit reports what reference
 cycles held (``cycle_garbage_bytes``, expected 0 after warm-up steps).
 
 Phases: "setup" (alive before the step), "forward", "recompute" (module forwards replayed during
@@ -353,13 +354,35 @@ class MemoryTracker(TorchDispatchMode):
         storages = tuple(StorageRecord(r.index, r.nbytes, r.dtype, r.op, r.phase, r.module, category(r))
                          for r in self._records)
         dispatched = {phase: dict(ops) for phase, ops in self._dispatched.items()}
-        return TrackedStep(storages, tuple(self._events), dispatched, cycle_garbage_bytes, dict(self._phase_starts))
+        events = _canonical_order(self._events, set(self._phase_starts.values()))
+        return TrackedStep(storages, events, dispatched, cycle_garbage_bytes, dict(self._phase_starts))
 
     def result(self) -> TrackedStep:
         """The recorded step (available once the ``with`` block has exited)."""
         if self._finished is None:
             raise MemsimError("tracker = not finished; call result() after the with-block exits")
         return self._finished
+
+
+def _canonical_order(events: list[TrackerEvent], boundaries: set[int]) -> tuple[TrackerEvent, ...]:
+    """Sort each run of consecutive releases (same phase, no phase start inside) by storage index.
+
+    torch releases some groups of storages in hash-map order (autocast's cache of weight casts at
+    the end of the autocast region), which varies from run to run; the order inside a run of
+    releases changes no peak, so sorting it makes the timeline reproducible. Seqs are renumbered.
+    """
+    ordered: list[TrackerEvent] = []
+    run: list[TrackerEvent] = []
+    for position, event in enumerate([*events, None]):
+        if run and (event is None or event.delta_bytes > 0 or event.phase != run[0].phase
+                    or position in boundaries):
+            ordered.extend(sorted(run, key=lambda e: e.storage))
+            run = []
+        if event is not None and event.delta_bytes < 0:
+            run.append(event)
+        elif event is not None:
+            ordered.append(event)
+    return tuple(TrackerEvent(seq, e.delta_bytes, e.storage, e.phase) for seq, e in enumerate(ordered))
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:

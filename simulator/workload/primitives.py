@@ -48,11 +48,14 @@ def _ew_kernel(suffix: str, out: Ref, reads: int, grads: tuple[Grad, ...], flops
 class Ops:
     """Records PyTorch ops on a tape with autocast and device-kernel semantics."""
 
-    def __init__(self, tape: Tape, profile: KernelProfile, autocast_dtype: str | None = None):
+    def __init__(self, tape: Tape, profile: KernelProfile, autocast_dtype: str | None = None,
+                 fp8_linear: bool = False):
         self.tape = tape
         self.profile = profile
         self.autocast = autocast_dtype
-        self._cast_cache: dict[int, Ref] = {}
+        # fp8-mixed (Transformer Engine style): linears cast weights (cached) and inputs (saved) to fp8.
+        self.fp8 = fp8_linear
+        self._cast_cache: dict[tuple[int, str], Ref] = {}
 
     # ---------------------------------------------------------------- storages
     def param(self, name: str, shape: tuple[int, ...], dtype: str) -> Ref:
@@ -75,15 +78,16 @@ class Ops:
                    bytes_written=x.nbytes, dtype=dtype, grads=(Grad(0),)),))
         return out
 
-    def _autocast_weight(self, w: Ref, name: str) -> Ref:
+    def _autocast_weight(self, w: Ref, name: str, dtype: str | None = None) -> Ref:
         """Autocast casts a leaf weight once per region and caches the copy (it is also saved)."""
-        if self.autocast is None or w.dtype == self.autocast:
+        dtype = dtype or self.autocast
+        if dtype is None or w.dtype == dtype:
             return w
-        cached = self._cast_cache.get(w.id)
+        cached = self._cast_cache.get((w.id, dtype))
         if cached is None:
-            cached = self.cast(w, self.autocast, f"{name}.autocast")
+            cached = self.cast(w, dtype, f"{name}.autocast")
             self.tape.keep_until_end(cached)
-            self._cast_cache[w.id] = cached
+            self._cast_cache[(w.id, dtype)] = cached
         return cached
 
     def _autocast_input(self, x: Ref, name: str) -> Ref:
@@ -97,26 +101,31 @@ class Ops:
         # Autocast casts the bias, then the weight (both cached for the region), then the input.
         if bias is not None:
             bias = self._autocast_weight(bias, f"{name}.bias")
-        w = self._autocast_weight(w, name)
+        w = self._autocast_weight(w, name, "fp8" if self.fp8 else None)
         x = self._autocast_input(x, name)
+        dt = x.dtype                       # output and gradient dtype
+        compute = dt
+        if self.fp8:
+            x = self.cast(x, "fp8", f"{name}.fp8_input")   # the fp8 copy is what backward keeps
+            compute = "fp8"
         out_features, in_features = w.shape
         rows = numel(x.shape[:-1])
         flops = 2.0 * rows * in_features * out_features
-        dt = x.dtype
         e = DTYPE_BYTES[dt]
         out_shape = x.shape[:-1] + (out_features,)
-        wgrads = [Grad(1)] + ([Grad(2)] if bias is not None else [])
+        wgrads = [Grad(1, dtype=dt)] + ([Grad(2)] if bias is not None else [])
         kernels = (
-            Kernel("dgrad", GEMM, flops=flops, bytes_read=(rows * out_features + w.shape[0] * w.shape[1]) * e,
-                   bytes_written=x.nbytes, dtype=dt, gemm_mnk=(rows, in_features, out_features),
-                   grads=(Grad(0),)),
-            Kernel("wgrad", GEMM, flops=flops, bytes_read=(rows * out_features) * e + x.nbytes,
-                   bytes_written=w.nbytes, dtype=dt, gemm_mnk=(out_features, in_features, rows),
-                   grads=tuple(wgrads), phase=BACKWARD_WEIGHT),
+            Kernel("dgrad", GEMM, flops=flops, bytes_read=rows * out_features * e + w.nbytes,
+                   bytes_written=rows * in_features * e, dtype=compute,
+                   gemm_mnk=(rows, in_features, out_features), grads=(Grad(0, dtype=dt),)),
+            Kernel("wgrad", GEMM, flops=flops, bytes_read=rows * out_features * e + x.nbytes,
+                   bytes_written=out_features * in_features * e, dtype=compute,
+                   gemm_mnk=(out_features, in_features, rows), grads=tuple(wgrads),
+                   phase=BACKWARD_WEIGHT),
         )
         inputs = (x, w) + ((bias,) if bias is not None else ())
         (out,) = self.tape.node(name, GEMM, inputs, ((name, out_shape, dt),), saves=(x, w),
-                                flops=flops, dtype=dt, gemm_mnk=(rows, out_features, in_features),
+                                flops=flops, dtype=compute, gemm_mnk=(rows, out_features, in_features),
                                 backward=kernels)
         return out
 

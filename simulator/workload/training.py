@@ -105,6 +105,26 @@ def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
     return idx, targets
 
 
+def _grad_scaler(ids: IdSource, tensors: dict[int, Tensor], params: list[MasterParam]) -> tuple[list[int], Op]:
+    """torch.amp.GradScaler: its scale and growth tracker live on the device; unscale_ allocates
+    found_inf and inv_scale and rewrites every gradient in place before the step."""
+    persistent = []
+    for name, dtype in (("grad_scaler.scale", "fp32"), ("grad_scaler.growth_tracker", "int32")):
+        tensor = Tensor(ids(), name, DTYPE_BYTES[dtype], OTHER, dtype, (1,), persistent=True)
+        tensors[tensor.id] = tensor
+        persistent.append(tensor.id)
+    temps = []
+    for name in ("grad_scaler.found_inf", "grad_scaler.inv_scale"):
+        tensor = Tensor(ids(), name, 4, OTHER, "fp32", (1,))
+        tensors[tensor.id] = tensor
+        temps.append(tensor.id)
+    grad_bytes = sum(p.numel * DTYPE_BYTES[p.grad_dtype] for p in params)
+    unscale = Op("grad_scaler.unscale", "optimizer", "optimizer", flops=2.0 * sum(p.numel for p in params),
+                 bytes_read=grad_bytes, bytes_written=grad_bytes, dtype="fp32", allocs=tuple(temps),
+                 frees=tuple(temps))
+    return persistent, unscale
+
+
 def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
     """Build the ops of one training iteration on one rank (no model parallelism)."""
     dts = dtypes_for(recipe.precision, recipe.framework)
@@ -114,7 +134,8 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     # on a GPU that tensor lives in host memory and costs the device nothing.
     rng_bytes = CPU_RNG_STATE_BYTES if profile.device_kind == "cpu" else 0
     tape = Tape(microbatch=0, compress_saved=compress, rng_state_bytes=rng_bytes)
-    ops = Ops(tape, profile, dts.autocast)
+    fp8 = recipe.precision == "fp8-mixed"
+    ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8)
     builder = TransformerBuilder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
     input_dtype = dts.autocast or dts.param
     idx, targets = _inputs(tape, shape, b, input_dtype)
@@ -133,7 +154,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
         tape2._storages[idx.id] = tape._storages[idx.id]
         tape2._storages[targets.id] = tape._storages[targets.id]
-        ops2 = Ops(tape2, profile, dts.autocast)
+        ops2 = Ops(tape2, profile, dts.autocast, fp8_linear=fp8)
         builder.ops, builder.tape = ops2, tape2
         loss2 = builder.forward(idx, targets)
         later_ops, tensors2 = tape2.finish(loss2, _GradPolicy(True))
@@ -168,6 +189,10 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     for tensor in state_tensors:
         tensors[tensor.id] = tensor
     opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
+    if recipe.precision == "fp16-mixed":
+        scaler, unscale = _grad_scaler(ids, tensors, master)
+        persistent += scaler
+        opt_ops = [unscale] + opt_ops
     # Gradients stolen into .grad are per-iteration tensors of category "gradients".
     for gid in grads:
         t = tensors[gid]
