@@ -69,17 +69,19 @@ def run(
     except MemsimError as error:
         _fail(str(error))
         return
-    if as_json:
-        sys.stdout.write(report_json(result.report))
-    else:
-        render_summary(result.report, _console())
+    paths: list[Path] = []
     if out is not None:
+        # Files first: a run that cannot write its outputs prints nothing but the error.
         try:
             paths = write_outputs(result, out)
         except OSError as error:
             _fail(f"{out}: cannot write outputs: {error.strerror or error}")
             return
-        if not as_json:
+    if as_json:
+        sys.stdout.write(report_json(result.report))
+    else:
+        render_summary(result.report, _console())
+        if paths:
             _console().print("wrote " + ", ".join(str(p) for p in paths))
 
 

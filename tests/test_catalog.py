@@ -143,6 +143,11 @@ def test_specs_are_frozen_and_fresh():
     assert get_device("h100").peak_flop_per_s["bf16"] == pytest.approx(989.4e12)
 
 
+def test_specs_hash_and_compare_by_value():
+    assert len({get_device("h100"), get_device("h100-sxm"), get_device("a100")}) == 2
+    assert with_overrides(get_device("h100"), hbm_efficiency=0.5) != get_device("h100")
+
+
 def test_specs_pickle_round_trip():
     for spec in list_devices():
         assert pickle.loads(pickle.dumps(spec)) == spec

@@ -338,6 +338,7 @@ def test_human_summary_exits_0_and_says_whether_it_fits(tmp_path):
     assert "cli-tiny-llama" in fits.stdout and "FITS" in fits.stdout
 
 
+@pytest.mark.slow
 def test_out_dir_files_equal_json_and_are_deterministic(tmp_path):
     """Two processes (different hash seeds) write byte-identical outputs; report.json == --json."""
     path = _write(tmp_path, "small.toml", SMALL_4090)

@@ -159,7 +159,7 @@ def test_errors():
 dims = st.integers(min_value=1, max_value=20000)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(device=st.sampled_from(list_devices()), m=dims, n=dims, k=dims,
        batch=st.integers(min_value=1, max_value=64), dtype=st.sampled_from(["fp32", "tf32", "bf16", "fp16", "fp8"]))
 def test_gemm_efficiency_bounds(device, m, n, k, batch, dtype):
@@ -170,7 +170,7 @@ def test_gemm_efficiency_bounds(device, m, n, k, batch, dtype):
     assert 0 < eff <= device.gemm_efficiency[key] / reference * (1 + 1e-12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(device=st.sampled_from(list_devices()), op_class=st.sampled_from(OP_CLASSES),
        flops=st.floats(min_value=0, max_value=1e15), read=st.integers(min_value=0, max_value=2**36),
        written=st.integers(min_value=0, max_value=2**36), hit_share=st.floats(min_value=0, max_value=1),

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from simulator.errors import TopologyError
 
@@ -14,7 +17,7 @@ DROPOUT_MASK_DTYPES = ("bool", "input")
 ALLOCATORS = ("caching", "exact")
 # PCIe payload rate per lane and direction (GT/s x 128b/130b / 8 bits), PCI-SIG base specifications 3.0-5.0;
 # x16: Gen4 31.5 GB/s, Gen5 63.0 GB/s as in shared/reference/hardware.md.
-PCIE_BYTES_PER_S_PER_LANE = {3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+PCIE_BYTES_PER_S_PER_LANE = MappingProxyType({3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9})
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,10 @@ class DeviceSpec:
             if not isinstance(text, str):
                 raise bad(f"source.{key}", text, "must be a string")
 
+    def __hash__(self) -> int:
+        """Hash by identity-defining scalars (the dict fields are unhashable); equal specs hash equal."""
+        return hash((self.name, self.memory_bytes, self.hbm_bytes_per_s, self.sm_count, self.launch_overhead_s))
+
     @property
     def usable_bytes(self) -> int:
         """Bytes the allocator can reserve: capacity minus what the runtime context takes."""
@@ -172,16 +179,17 @@ CONTEXT = ("estimate, calibratable: CUDA context with lazy module loading measur
 LAUNCH = ("estimate, calibratable: eager torch op ~5-7 us on the host (pytorch/pytorch#41383), raw cuLaunchKernel "
           "~3 us (meta-pytorch/tritonbench#1017), 1.1-1.3 us per kernel on the GPU under graph replay "
           "(pytorch/pytorch#161104); 5 us = the eager cost that bounds small kernels")
-GPU_FLAGS = {"dropout_mask_dtype": "bool", "sdpa_flash_with_dropout": True,
-             "default_allocator": "caching", "optimizer_foreach": True}
-GPU_GEMM_SHAPE = {"gemm_tile_mn": (128, "128x128 output tiles: cuBLAS/CUTLASS kernels named *tilesize128x128* "
-                                        "(e.g. sm80_xmma_gemm_..._tilesize128x128x8 in Stanford CS336 2025 "
-                                        "lecture 6 profiles); NVIDIA 'Matrix Multiplication Background' guide "
-                                        "uses 128x128/256x128 tiles for wave quantization"),
-                  "gemm_k_overhead": (32, "assumption, calibratable: filling the multi-stage shared-memory "
-                                          "pipeline costs about one k-block (32-64) of main-loop time per tile"),
-                  "gemm_reference_mnk": ((8192, 8192, 8192), "shape of the large-GEMM measurements quoted in "
-                                                             "gemm_efficiency (8192^3 or the best square size)")}
+GPU_FLAGS = MappingProxyType({"dropout_mask_dtype": "bool", "sdpa_flash_with_dropout": True,
+                              "default_allocator": "caching", "optimizer_foreach": True})
+GPU_GEMM_SHAPE = MappingProxyType({
+    "gemm_tile_mn": (128, "128x128 output tiles: cuBLAS/CUTLASS kernels named *tilesize128x128* (e.g. "
+                          "sm80_xmma_gemm_..._tilesize128x128x8 in Stanford CS336 2025 lecture 6 profiles); NVIDIA's "
+                          "'Matrix Multiplication Background' guide uses 128x128/256x128 tiles for wave quantization"),
+    "gemm_k_overhead": (32, "assumption, calibratable: filling the multi-stage shared-memory pipeline costs about "
+                            "one k-block (32-64) of main-loop time per tile"),
+    "gemm_reference_mnk": ((8192, 8192, 8192), "shape of the large-GEMM measurements quoted in gemm_efficiency "
+                                               "(8192^3 or the best square size)"),
+})
 
 
 def _build(**fields: object) -> DeviceSpec:
@@ -189,7 +197,7 @@ def _build(**fields: object) -> DeviceSpec:
     values: dict[str, object] = {}
     source: dict[str, str] = {}
     for key, item in fields.items():
-        if isinstance(item, dict):
+        if isinstance(item, Mapping):
             values[key] = {sub: pair[0] for sub, pair in item.items()}
             source.update({f"{key}.{sub}": pair[1] for sub, pair in item.items()})
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
@@ -244,17 +252,19 @@ def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, 
         attention_efficiency=attn)
 
 
-_H100_SXM_PEAKS = {"fp32": (66.9e12, H100_DS), "tf32": (494.7e12, H100_DS), "bf16": (989.4e12, H100_DS),
-                   "fp16": (989.4e12, H100_DS), "fp8": (1978.9e12, H100_DS)}
-_H100_EFF = {"fp32": (0.777, f"{ZZC}: H100 80GB HBM3 fp32 51.88 and 52.11 TFLOP/s / 66.9"),
+_H100_SXM_PEAKS = MappingProxyType({"fp32": (66.9e12, H100_DS), "tf32": (494.7e12, H100_DS),
+                                   "bf16": (989.4e12, H100_DS), "fp16": (989.4e12, H100_DS),
+                                   "fp8": (1978.9e12, H100_DS)})
+_H100_EFF = MappingProxyType({"fp32": (0.777, f"{ZZC}: H100 80GB HBM3 fp32 51.88 and 52.11 TFLOP/s / 66.9"),
              "tf32": (0.813, "zzc0721/torch-performance-test-data issue #79: H100 TF32 402.15 TFLOP/s / 494.7"),
              "bf16": (0.798, f"{ZZC}: H100 80GB HBM3 bf16 783.66, 789.24, 797.51 TFLOP/s (median) / 989.4"),
              "fp16": (0.768, f"{ZZC}: H100 80GB HBM3 fp16 758.14, 760.04, 761.84 TFLOP/s (median) / 989.4"),
-             "fp8": (0.652, f"{AZURE} ND_H100_v5: cuBLASLt FP8 8192^3 1290.1 TFLOP/s / 1978.9")}
+             "fp8": (0.652, f"{AZURE} ND_H100_v5: cuBLASLt FP8 8192^3 1290.1 TFLOP/s / 1978.9")})
 
 
+@functools.lru_cache(maxsize=1)
 def _catalog() -> tuple[DeviceSpec, ...]:
-    """Build the catalog afresh (no shared mutable state between callers)."""
+    """Build the catalog once; callers only ever see copies (see _copy)."""
     a100_80_eff = {"fp32": (0.984, f"{ZZC}: A100 SXM4 80GB fp32 19.18 TFLOP/s / 19.5"),
                    "tf32": (0.848, "assumed equal to bf16 (no torch TF32 measurement found)"),
                    "bf16": (0.848, f"{ZZC}: A100 SXM4 80GB bf16 264.53 TFLOP/s / 312"),
@@ -398,7 +408,7 @@ def _catalog() -> tuple[DeviceSpec, ...]:
 
 # The `cpu` entry: one run of benchmarks/cpu_device_params.py, stored in validation/data/cpu/device_params.json
 # (tests/test_catalog.py checks these constants against that file).
-CPU_RUN = {
+CPU_RUN = MappingProxyType({
     "date": "2026-11-29", "command": "python benchmarks/cpu_device_params.py",
     "memory_bytes": 25276063744, "dram_bytes_per_s": 9985118150.28081,
     "llc_bytes": 33554432, "llc_bytes_per_s": 16731626112.638214,
@@ -406,7 +416,7 @@ CPU_RUN = {
     "bf16": 892923667.0531281, "fp16": 1199731460.120759,
     "op_overhead_s": 3.6071604776477634e-06, "reference_mnk": (2048, 2048, 2048),
     "low_precision_reference_mnk": (512, 512, 512),
-}
+})
 
 
 def _cpu() -> DeviceSpec:
@@ -452,12 +462,18 @@ def _cpu() -> DeviceSpec:
     )
 
 
-ALIASES = {"a100": "a100-80gb-sxm", "h100": "h100-sxm", "h200": "h200-sxm"}
+ALIASES = MappingProxyType({"a100": "a100-80gb-sxm", "h100": "h100-sxm", "h200": "h200-sxm"})
+
+
+def _copy(spec: DeviceSpec) -> DeviceSpec:
+    """A copy with its own dicts, so a caller mutating one cannot change the catalog."""
+    return dataclasses.replace(spec, peak_flop_per_s=dict(spec.peak_flop_per_s),
+                               gemm_efficiency=dict(spec.gemm_efficiency), source=dict(spec.source))
 
 
 def list_devices() -> list[DeviceSpec]:
-    """All catalog devices in catalog order (fresh objects on every call)."""
-    return list(_catalog())
+    """All catalog devices in catalog order (fresh copies on every call)."""
+    return [_copy(spec) for spec in _catalog()]
 
 
 def get_device(name: str) -> DeviceSpec:
@@ -477,7 +493,7 @@ def get_device(name: str) -> DeviceSpec:
     devices = _catalog()
     for spec in devices:
         if spec.name == key:
-            return spec
+            return _copy(spec)
     known = [spec.name for spec in devices]
     close = difflib.get_close_matches(key, known + sorted(ALIASES), n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""

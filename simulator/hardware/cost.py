@@ -15,6 +15,7 @@ quantization and a small-k penalty, relative to the shape at which that efficien
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from simulator.errors import ScenarioError
 from simulator.hardware.catalog import DeviceSpec
@@ -22,7 +23,7 @@ from simulator.workload.graph import ATTENTION, DTYPE_BYTES, GEMM, OP_CLASSES, O
 
 TENSOR_OP_CLASSES = (GEMM, ATTENTION)
 # Which peak_flop_per_s key a tensor op of each dtype runs at, first available wins.
-_TENSOR_RATE_ORDER = {
+_TENSOR_RATE_ORDER = MappingProxyType({
     "fp32": ("fp32",),
     "tf32": ("tf32", "fp32"),
     "bf16": ("bf16", "fp16"),
@@ -30,7 +31,7 @@ _TENSOR_RATE_ORDER = {
     "fp8": ("fp8", "bf16", "fp16"),
     "int8": ("fp8", "bf16", "fp16"),
     "uint8": ("fp8", "bf16", "fp16"),
-}
+})
 KNOWN_OP_DTYPES = tuple(sorted(set(DTYPE_BYTES) | {"tf32"}))
 
 
