@@ -43,7 +43,8 @@ def model_shape(scenario: Scenario) -> Shape:
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
     """What the device's kernels save (dropout mask dtype, flash attention with dropout)."""
     return KernelProfile(dropout_mask_dtype=device.dropout_mask_dtype,
-                         flash_with_dropout=device.sdpa_flash_with_dropout, device_kind=device.kind)
+                         flash_with_dropout=device.sdpa_flash_with_dropout, device_kind=device.kind,
+                         library_workspace_bytes=device.cublas_workspace_bytes)
 
 
 def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:

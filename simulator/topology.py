@@ -1,12 +1,43 @@
-"""Resolve a scenario's [cluster] and [allocator] into the device a rank runs on and its memory budget."""
+"""Resolve a scenario's [cluster] and [allocator] into the device a rank runs on (with its calibration) and its memory budget."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from simulator.errors import TopologyError
-from simulator.hardware.catalog import DeviceSpec, get_device
+from simulator.errors import DataError, TopologyError
+from simulator.hardware.catalog import DeviceSpec, get_device, with_overrides
 from simulator.scenario import Scenario
+
+CALIBRATION_FORMAT = "memsim-calibration-1"
+# DeviceSpec fields a calibration file may set (dict fields take a table of dtype -> value).
+CALIBRATABLE_FIELDS = ("launch_overhead_s", "hbm_efficiency", "hbm_bytes_per_s", "l2_bytes_per_s",
+                       "attention_efficiency", "gemm_efficiency", "gemm_k_overhead", "peak_flop_per_s")
+_DICT_FIELDS = ("gemm_efficiency", "peak_flop_per_s")
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A fitted collective cost t = latency_s + bus_bytes / bytes_per_s for one collective and group size."""
+
+    collective: str
+    world_size: int
+    latency_s: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration file: the device it was fitted for, the DeviceSpec fields to apply, and link fits."""
+
+    path: str
+    device: str
+    torch_version: str
+    fields: Mapping[str, object]
+    links: tuple[LinkFit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -18,19 +49,106 @@ class Cluster:
     allocator_kind: str
     context_bytes: int              # memory outside the allocator (CUDA context, library workspaces)
     allocator_capacity_bytes: int   # device memory minus context_bytes
+    calibration: Calibration | None = field(default=None, compare=False)
 
     @property
     def capacity_bytes(self) -> int:
         return self.device.memory_bytes
 
 
+def _number(path: str, key: str, value: object, integer: bool = False) -> float | int:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value < 0:
+        kind = "a non-negative integer" if integer else "a finite non-negative number"
+        raise DataError(f"{path}: fields.{key} = {value!r} must be {kind}")
+    return value
+
+
+def read_calibration(path: str | Path) -> Calibration:
+    """Read and check a calibration file written by `memsim calibrate` (TOML).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The Calibration (fields limited to CALIBRATABLE_FIELDS).
+
+    Raises:
+        DataError: the file is missing, not TOML, of another format, or has an unknown or invalid field.
+    """
+    name = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{name}: calibration file not found") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise DataError(f"{name}: not a readable calibration file ({error})") from None
+    if data.get("format") != CALIBRATION_FORMAT:
+        raise DataError(f"{name}: format = {data.get('format')!r} must be {CALIBRATION_FORMAT!r} "
+                        f"(a file written by `memsim calibrate`)")
+    device = data.get("device")
+    if not isinstance(device, str) or not device:
+        raise DataError(f"{name}: device = {device!r} must name the catalog device the fit is for")
+    raw = data.get("fields", {})
+    if not isinstance(raw, dict):
+        raise DataError(f"{name}: fields must be a table of DeviceSpec fields")
+    fields: dict[str, object] = {}
+    for key, value in raw.items():
+        if key not in CALIBRATABLE_FIELDS:
+            raise DataError(f"{name}: fields.{key} is not calibratable; allowed: {', '.join(CALIBRATABLE_FIELDS)}")
+        if key in _DICT_FIELDS:
+            if not isinstance(value, dict) or not value:
+                raise DataError(f"{name}: fields.{key} = {value!r} must be a table of dtype -> number")
+            fields[key] = {dtype: float(_number(name, f"{key}.{dtype}", v)) for dtype, v in value.items()}
+        elif key == "gemm_k_overhead":
+            fields[key] = int(_number(name, key, value, integer=True))
+        else:
+            fields[key] = float(_number(name, key, value))
+    links = []
+    for collective, groups in sorted(data.get("links", {}).items()):
+        if not isinstance(groups, dict):
+            raise DataError(f"{name}: links.{collective} must be a table of world sizes")
+        for world, fit in sorted(groups.items(), key=lambda item: item[0]):
+            try:
+                links.append(LinkFit(collective, int(world), float(fit["latency_s"]), float(fit["bytes_per_s"])))
+            except (KeyError, TypeError, ValueError):
+                raise DataError(f"{name}: links.{collective}.{world} must have numbers latency_s and bytes_per_s") from None
+    return Calibration(name, device, str(data.get("torch_version", "")), fields, tuple(links))
+
+
+def apply_calibration(device: DeviceSpec, calibration: Calibration) -> DeviceSpec:
+    """The device with the calibration's fitted fields applied (each field's source names the file).
+
+    Raises:
+        TopologyError: the calibration was fitted for another device, or a fitted value is invalid.
+    """
+    if calibration.device != device.name:
+        raise TopologyError(f"{calibration.path}: calibration is for device {calibration.device!r} but the "
+                            f"scenario's device is {device.name!r}")
+    source = {}
+    for key, value in calibration.fields.items():
+        note = f"calibrated: {calibration.path} (torch {calibration.torch_version})"
+        if isinstance(value, dict):
+            source.update({f"{key}.{sub}": note for sub in value})
+        else:
+            source[key] = note
+    try:
+        return with_overrides(device, **dict(calibration.fields), source=source)
+    except TopologyError as error:
+        raise TopologyError(f"{calibration.path}: {error}") from None
+
+
 def resolve_cluster(scenario: Scenario) -> Cluster:
-    """Find the device named by cluster.topology and size the allocator's budget."""
+    """Find the device named by cluster.topology, apply cluster.calibration, and size the allocator's budget."""
     name = scenario.cluster.topology
     try:
         device = get_device(name)
     except TopologyError as error:
         raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {error}") from None
+    calibration = None
+    if scenario.cluster.calibration is not None:
+        calibration = read_calibration(scenario.cluster.calibration)
+        device = apply_calibration(device, calibration)
     if scenario.cluster.nodes != 1:
         raise TopologyError(f"{scenario.source}: cluster.nodes = {scenario.cluster.nodes}: a single "
                             f"device topology has exactly one node")
@@ -43,4 +161,4 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
     if context >= device.memory_bytes:
         raise TopologyError(f"{scenario.source}: allocator.context_bytes = {context}: must be less than "
                             f"the device memory ({device.memory_bytes} bytes)")
-    return Cluster(device, 1, kind, context, device.memory_bytes - context)
+    return Cluster(device, 1, kind, context, device.memory_bytes - context, calibration)

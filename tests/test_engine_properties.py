@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.api import build_workload, simulate
-from simulator.engine.caching_allocator import round_size
+from simulator.engine.caching_allocator import round_size, segment_size
 from simulator.errors import MemsimError
 from simulator.scenario import scenario_from_dict
 from simulator.topology import resolve_cluster
 from simulator.workload.graph import CATEGORIES, GRADIENTS, OPTIMIZER_STATES, PARAMETERS
 
-SMALL_POOL_BYTES = 1 << 20     # requests up to this size go to the caching allocator's small pool
+SMALL_POOL_BYTES = 1 << 20     # small-pool limit, and the least remainder a large block is split for
 PRECISIONS = ("fp32", "bf16", "bf16-mixed", "fp16-mixed")
 OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adafactor", "adam-8bit")
 DEVICES = ("cpu", "rtx-4090", "h100-sxm")
@@ -72,11 +72,19 @@ def _scenario_and_workload(doc: dict):
 
 
 def _block_bytes(nbytes: int, allocator_kind: str) -> int:
-    """Bytes a tensor counts in allocated memory (small-pool blocks only for the caching allocator)."""
+    """Bytes a tensor counts in allocated memory.
+
+    For the caching allocator: small-pool blocks are always split down to the rounded size; a
+    large tensor (only the cuBLAS workspace here, allocated at set-up) takes a fresh segment and
+    is split off it when more than 1 MiB would remain, else it keeps the whole segment.
+    """
     if nbytes == 0 or allocator_kind == "exact":
         return nbytes
-    assert nbytes <= SMALL_POOL_BYTES, "the strategy keeps tensors in the small pool"
-    return round_size(nbytes)
+    size = round_size(nbytes)
+    if size <= SMALL_POOL_BYTES:
+        return size
+    segment = segment_size(size)
+    return size if segment - size > SMALL_POOL_BYTES else segment
 
 
 def _bytes_by_category(ids, tensors, allocator_kind: str) -> tuple[int, ...]:

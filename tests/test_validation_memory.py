@@ -13,9 +13,6 @@ from validation.memory_comparison import compare, load_measurement, measured_fil
 from simulator.workload.graph import CATEGORIES
 
 FILES = measured_files()
-# CPU autocast runs SDPA's dropout fallback (the math path) in fp32 with extra input casts that the
-# op model does not reproduce yet; measured -3.4% peak. Kept visible as a known gap (docs/validation.md).
-KNOWN_GAPS = {"gpt-tiny-bf16-mixed-flash-drop-full-adamw"}
 
 
 def test_enough_configurations_are_committed():
@@ -27,8 +24,6 @@ def test_enough_configurations_are_committed():
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_peak_and_category_peaks_match_measurement(path):
     comparison = compare(path)
-    if comparison.name in KNOWN_GAPS:
-        pytest.xfail("known gap: CPU autocast + SDPA dropout math path")
     assert abs(comparison.peak_error) <= 0.01, (comparison.measured_peak, comparison.predicted_peak)
     for category in CATEGORIES:
         error = comparison.category_error(category)

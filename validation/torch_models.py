@@ -8,7 +8,8 @@ kv key/value heads, hd = h / nh head size, V vocabulary, P max positions):
   (the default dtype is set to bf16 while the model is built, then restored).
 * "bf16-mixed" runs forward + loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``; autocast
   casts fp32 weights to bf16 copies (cached until the autocast region exits) and upcasts the
-  logits to fp32 inside cross_entropy.
+  logits to fp32 inside cross_entropy (a (b*s, V) fp32 copy). In pure "bf16" nothing is upcast:
+  cross_entropy (log_softmax + nll_loss) runs in bf16.
 * Only storages allocated by an op count; views (``view``, ``transpose``, slicing, ``split``,
   ``expand``) allocate nothing.
 """
@@ -294,7 +295,8 @@ def make_attention_core(spec: ModelSpec, softmax_in_fp32: bool) -> nn.Module:
     return SdpaAttentionCore(spec.dropout)
 
 
-def run_core(core: nn.Module, selective: bool, q, k, v, causal) -> torch.Tensor:
+def run_core(core: nn.Module, selective: bool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             causal: torch.Tensor) -> torch.Tensor:
     """Run the attention core, under a non-reentrant checkpoint when recompute is "selective"."""
     if selective:
         # Saves only q, k, v (and the mask view) and the CPU RNG state; everything inside is recomputed.
@@ -394,7 +396,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin, with cos/sin (s, hd) broadcast over (b, heads, s, hd).
 
-    Allocs: x*cos, rotate_half (neg, cat), *sin, sum -- each (b, heads, s, hd); the sum is kept.
+    Allocs: x*cos, rotate_half (neg half-size, cat), *sin, sum -- each (b, heads, s, hd); the sum is
+    kept. Under bf16-mixed, x is bf16 (an autocast linear's output) and cos/sin are fp32 buffers, so
+    the products and the sum are fp32 by type promotion (neg and cat stay bf16).
     """
     return (x * cos) + (rotate_half(x) * sin)
 

@@ -3,18 +3,22 @@
 A ``TorchDispatchMode`` sees every aten op's outputs; each *new* storage (keyed by its untyped
 storage's data_ptr) is one allocation of ``storage.nbytes()`` bytes, and a ``weakref.finalize`` on
 the storage records its release. Views and in-place ops add nothing. Storages alive before the
-step (parameters, gradients, buffers, optimizer states, inputs) are enumerated on entry.
+step (parameters, gradients, buffers, optimizer states, inputs) are enumerated on entry; a storage
+first seen as an op *input* (made outside the dispatcher) is counted from that op, as
+``aten.<op>:input``.
 
-What it does not see: memory a kernel allocates and frees inside one op (CPU scratch buffers), and
-tensors created outside the dispatcher and never passed to an op -- except the CPU RNG-state tensor
-that ``torch.utils.checkpoint`` stashes per checkpointed region (5,056 bytes, op name
-``torch.get_rng_state``, category other: host-side state, not device memory on a GPU), which the
-tracker sees by wrapping ``torch.get_rng_state`` while active. A storage first seen as an op *input* (a Python scalar
-wrapped into an 8-byte tensor by the argument parser) is counted from that op, with op name
-``aten.<op>:input``. Python's cyclic garbage collector is disabled during the step so every free happens by
-reference counting, at a deterministic point; runs of consecutive releases are put in storage-index
-order (torch frees some groups in hash-map order); a ``gc.collect()`` at exit reports what reference
-cycles held (``cycle_garbage_bytes``, expected 0 after warm-up steps).
+Blind spots: memory a kernel allocates and frees inside one op (CPU scratch buffers), and Python
+scalars that autograd saves as wrapped 8-byte tensors (``t * 0.125`` on a tensor that requires grad;
+the dispatch mode receives a float) -- validation.torch_models avoids that pattern. The CPU
+RNG-state tensor that ``torch.utils.checkpoint`` stashes (5,056 bytes, made outside the dispatcher)
+is seen by wrapping ``torch.get_rng_state`` while the tracker is active: op name
+``torch.get_rng_state``, category other (host-side state, not device memory on a GPU).
+
+Determinism: Python's cyclic garbage collector is disabled during the step, so every release
+happens by reference counting at a fixed point; runs of consecutive releases are put in
+storage-index order (torch frees some groups, e.g. autocast's weight-cast cache, in hash-map
+order); a ``gc.collect()`` at exit reports what reference cycles held (``cycle_garbage_bytes``,
+0 in every measured configuration).
 
 Phases: "setup" (alive before the step), "forward", "recompute" (module forwards replayed during
 backward by checkpointing, detected with global module hooks), "backward", "optimizer", "zero_grad".
@@ -139,9 +143,9 @@ class TrackedStep:
         return "single_tensor"
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Live:
-    """Mutable bookkeeping of one storage while the tracker runs (private)."""
+    """Bookkeeping of one tracked storage: what StorageRecord holds, plus its release hook (private)."""
 
     index: int
     nbytes: int
@@ -149,7 +153,7 @@ class _Live:
     op: str
     phase: str
     module: str
-    finalizer: weakref.finalize | None = None
+    finalizer: weakref.finalize
 
 
 class MemoryTracker(TorchDispatchMode):
@@ -232,8 +236,9 @@ class MemoryTracker(TorchDispatchMode):
         if nbytes == 0 or key in self._by_key:
             return
         module = self._module_stack[-1][0] if self._module_stack else ""
-        live = _Live(len(self._records), nbytes, str(tensor.dtype).removeprefix("torch."), op, self.phase, module)
-        live.finalizer = weakref.finalize(storage, self._release, key, live.index)
+        index = len(self._records)
+        finalizer = weakref.finalize(storage, self._release, key, index)
+        live = _Live(index, nbytes, str(tensor.dtype).removeprefix("torch."), op, self.phase, module, finalizer)
         self._by_key[key] = live
         self._records.append(live)
         self._events.append(TrackerEvent(len(self._events), nbytes, live.index, live.phase))
@@ -280,8 +285,8 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = f"aten.{func.overloadpacket.__name__}"
-        # Inputs first: a storage never seen before was made outside the dispatcher just for this
-        # call -- e.g. the 8-byte wrapped number of ``tensor * 0.125``, which autograd may save.
+        # Inputs first: a storage never seen before was made outside the dispatcher (by Python code
+        # or C++ that bypasses it); count it from its first use. None occur in the measured models.
         for leaf in tree_leaves((args, kwargs)):
             if isinstance(leaf, torch.Tensor):
                 self._track(leaf, f"{name}:input")
@@ -325,8 +330,7 @@ class MemoryTracker(TorchDispatchMode):
             self._finished = self._finish(cycle_bytes)
             self._active = False
             for live in self._records:
-                if live.finalizer is not None:
-                    live.finalizer.detach()
+                live.finalizer.detach()
             if self._gc_was_enabled:
                 gc.enable()
 

@@ -33,6 +33,7 @@ class KernelProfile:
     dropout_mask_dtype: str = "bool"       # "bool" (CUDA fused dropout) or "input" (CPU: input dtype)
     flash_with_dropout: bool = True        # CUDA flash supports dropout; CPU SDPA falls back to math
     device_kind: str = "gpu"
+    library_workspace_bytes: int = 0       # cuBLAS workspace, allocated through the caching allocator
 
 
 def _ew_kernel(suffix: str, out: Ref, reads: int, grads: tuple[Grad, ...], flops_per: float = 1.0,

@@ -169,6 +169,13 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     for ref in (idx, targets):
         tensors[ref.id] = Tensor(ref.id, tape._storages[ref.id].name, ref.nbytes, OTHER, ref.dtype, ref.shape)
     persistent = [ref.id for ref in persistent_refs]
+    if profile.library_workspace_bytes:
+        # torch allocates the cuBLAS workspace through the caching allocator at the first matmul
+        # and keeps it: it counts in memory_allocated() for the whole run.
+        workspace = Tensor(ids(), "cublas_workspace", profile.library_workspace_bytes, OTHER, "uint8",
+                           (profile.library_workspace_bytes,), persistent=True)
+        tensors[workspace.id] = workspace
+        persistent.append(workspace.id)
     params = builder.params
     grad_buffers: list[int] = []
     if dts.persistent_grad_buffer:

@@ -379,6 +379,11 @@ class TransformerBuilder:
         scores + mask, _safe_softmax, dropout, @ v. The scaled k and the mask live to the end."""
         m, ops, tape = self.m, self.ops, self.tape
         b, nh, s, hd = q.shape
+        low = ops.autocast
+        if low is not None:
+            # Under CPU autocast SDPA runs in fp32: q, k, v are upcast first, and the attention
+            # weights and the output are cast back to the autocast dtype at the end.
+            q, k, v = (ops.cast(t, "fp32", f"{pre}.{n}_fp32") for t, n in ((q, "q"), (k, "k"), (v, "v")))
         qs = ops.scale(q, f"{pre}.q_scale")
         (ones,) = tape.node(f"{pre}.mask_ones", "elementwise", (), ((f"{pre}.mask_ones", (s, s), "bool"),),
                             requires_grad=False)
@@ -397,9 +402,14 @@ class TransformerBuilder:
         scores = ops.add(scores, mask, f"{pre}.add_mask")
         probs = ops.softmax(scores, f"{pre}.safe_softmax")
         probs = ops.dropout(probs, m.dropout, f"{pre}.attn_dropout")
+        weights = ops.cast(probs, low, f"{pre}.weights_cast") if low is not None else probs
         vc = ops.contiguous(v, f"{pre}.v_contiguous")
         out = ops.bmm(probs, vc, (b, nh, s, hd), b * nh, s, hd, s, f"{pre}.context")
-        tape.hold(ks, mask)                # C++ locals of the math kernel, released when it returns
+        if low is not None:
+            context = out
+            out = ops.cast(context, low, f"{pre}.output_cast")
+            tape.hold(q, k, v, weights, context)
+        tape.hold(ks, mask, probs)         # C++ locals of the math kernel, released when it returns
         return out
 
     # ------------------------------------------------------------------ head and loss

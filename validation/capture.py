@@ -1,0 +1,490 @@
+"""Capture real torch training steps (time, per-op profile, environment; CUDA memory) into validation/data/<device>/.
+
+Usage: ``python -m validation.capture [--device cpu|cuda] [--configs FILE] [--out DIR] [--only NAME]
+[--repetitions N] [--memory/--no-memory]`` (also ``memsim validate capture``).
+
+Protocol per configuration (the configurations file of validation.measure_memory): seed torch, build
+model + optimizer with validation.torch_models, run ``warmup_steps`` steps, then ``repetitions`` timed
+steps (wall clock and process CPU time per step and per phase; CUDA: CUDA events), then
+``profiled_steps`` steps under torch.profiler (record_shapes) whose ops are summarized per (name,
+input shapes, input dtypes): calls per step, median and minimum self time per call. Writes
+``<out>/timing/<name>.json``. With ``memory`` the step's memory timeline is measured too: on CPU by
+validation.measure_memory (exact storage tracker, ``<out>/memory/``), on CUDA with
+``torch.cuda.memory._record_memory_history`` (allocated *and* reserved, ``<out>/memory/<name>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from simulator.errors import DataError, MemsimError, ScenarioError
+from simulator.io import atomic_write_text
+from validation import measure_memory
+from validation.torch_models import build_model, build_optimizer, make_batch, parse_model, parse_training, train_step
+
+__all__ = ["DEVICES", "DEFAULT_CONFIGS", "DATA_ROOT", "Protocol", "capture", "capture_one", "environment",
+           "summarize_profile", "main"]
+
+_HERE = Path(__file__).resolve().parent
+DEVICES = ("cpu", "cuda")
+DEFAULT_CONFIGS = measure_memory.DEFAULT_CONFIGS
+DATA_ROOT = _HERE / "data"
+SEED = 0
+OP_COLUMNS = ("name", "input_shapes", "input_dtypes", "calls_per_step", "median_us", "min_us")
+STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
+FORMAT = "memsim-timing-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """How many steps a capture runs: warm-up, timed repetitions, profiled steps; CPU threads."""
+
+    warmup_steps: int = 3
+    repetitions: int = 7
+    profiled_steps: int = 2
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for key in ("warmup_steps", "repetitions", "profiled_steps", "threads"):
+            value = getattr(self, key)
+            minimum = 0 if key == "warmup_steps" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ScenarioError(f"capture {key} = {value!r} must be an integer >= {minimum}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Environment
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _load_average() -> list[float]:
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def environment(device: str) -> dict[str, object]:
+    """Torch/Python versions, device name, threads, CPU model, load average and the date (UTC)."""
+    env: dict[str, object] = {
+        "device": device,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "num_threads": torch.get_num_threads(),
+        "logical_cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "platform": platform.platform(),
+        "load_average": _load_average(),
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update({
+            "device_name": torch.cuda.get_device_name(0),
+            "cuda_version": torch.version.cuda,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "device_memory_bytes": int(props.total_memory),
+            "multiprocessor_count": int(props.multi_processor_count),
+        })
+    else:
+        env["device_name"] = env["cpu_model"]
+    return env
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Steps
+
+
+def _cuda_train_step(model, optimizer, idx, targets, training_spec, on_phase: Callable[[str], None]) -> float:
+    """train_step with CUDA autocast (validation.torch_models.train_step autocasts on "cpu")."""
+    on_phase("forward")
+    if training_spec.precision == "bf16-mixed":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(idx, targets)
+    else:
+        loss = model(idx, targets)
+    on_phase("backward")
+    loss.backward()
+    value = loss.item()
+    del loss
+    on_phase("optimizer")
+    optimizer.step()
+    on_phase("zero_grad")
+    optimizer.zero_grad(set_to_none=True)
+    return value
+
+
+class _PhaseClock:
+    """Wall and process-CPU timestamps at each phase change of one step (CUDA: synchronize first)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.marks: list[tuple[str, float, float]] = []
+
+    def __call__(self, phase: str) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.marks.append((phase, time.perf_counter(), time.process_time()))
+
+    def phase_times(self, end_wall_s: float, end_cpu_s: float) -> dict[str, tuple[float, float]]:
+        """(wall, cpu) seconds of each phase."""
+        marks = [*self.marks, ("end", end_wall_s, end_cpu_s)]
+        return {a[0]: (b[1] - a[1], b[2] - a[2]) for a, b in zip(marks, marks[1:])}
+
+
+def _device_context(device: str):
+    return torch.device("cuda") if device == "cuda" else contextlib.nullcontext()
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min, max, quartiles and relative spreads of a sample (seconds)."""
+    ordered = sorted(values)
+    median = statistics.median(ordered)
+    quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else [median] * 3
+    return {
+        "median_s": median, "min_s": ordered[0], "max_s": ordered[-1],
+        "q1_s": quartiles[0], "q3_s": quartiles[2],
+        "range_over_median": (ordered[-1] - ordered[0]) / median if median > 0 else 0.0,
+        "iqr_over_median": (quartiles[2] - quartiles[0]) / median if median > 0 else 0.0,
+    }
+
+
+def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> dict[str, object]:
+    """Aggregate profiler events of several steps per (name, input shapes, input dtypes).
+
+    Args:
+        steps: for each profiled step, its FunctionEvents (``prof.events()``).
+        cuda: also aggregate device kernels (self device time) by kernel name.
+
+    Returns:
+        {"columns": OP_COLUMNS, "rows": [...]} sorted by total time (largest first), self CPU per step
+        by op name, and with ``cuda`` the kernel table.
+    """
+    per_call: dict[tuple[str, str, str], list[float]] = {}
+    by_name: dict[str, float] = {}
+    kernels: dict[str, list[float]] = {}
+    for events in steps:
+        for event in events:
+            if getattr(event, "is_user_annotation", False):
+                continue
+            device_type = str(getattr(event, "device_type", "DeviceType.CPU"))
+            if device_type.endswith("CUDA"):
+                if cuda:
+                    kernels.setdefault(event.name, []).append(float(event.self_device_time_total))
+                continue
+            key = (event.name, json.dumps(list(event.input_shapes or []), separators=(",", ":")),
+                   json.dumps(list(getattr(event, "input_dtypes", None) or []), separators=(",", ":")))
+            us = float(event.self_cpu_time_total)
+            per_call.setdefault(key, []).append(us)
+            by_name[event.name] = by_name.get(event.name, 0.0) + us
+    n = max(len(steps), 1)
+    rows = []
+    for (name, shapes, dtypes), times in per_call.items():
+        rows.append([name, json.loads(shapes), json.loads(dtypes), len(times) / n,
+                     round(statistics.median(times), 3), round(min(times), 3)])
+    rows.sort(key=lambda r: (-r[3] * r[4], r[0], json.dumps(r[1])))
+    summary: dict[str, object] = {
+        "columns": list(OP_COLUMNS),
+        "note": "self time per call in microseconds (wall clock, profiler on); calls_per_step averaged over "
+                "the profiled steps",
+        "rows": rows,
+        "self_us_per_step_by_name": {k: round(v / n, 3) for k, v in sorted(by_name.items(), key=lambda i: -i[1])},
+    }
+    if cuda:
+        summary["kernels"] = {
+            "columns": ["name", "calls_per_step", "median_us", "total_us_per_step"],
+            "rows": sorted(([k, len(v) / n, round(statistics.median(v), 3), round(sum(v) / n, 3)]
+                            for k, v in kernels.items()), key=lambda r: -r[3]),
+        }
+    return summary
+
+
+def capture_one(name: str, config: Mapping[str, Mapping[str, object]], device: str,
+                protocol: Protocol = Protocol()) -> dict[str, object]:
+    """Run one configuration's capture protocol and return its timing document (see the module docstring).
+
+    Raises:
+        DataError: ``device`` is "cuda" but no CUDA device is available.
+        ScenarioError: the configuration is invalid.
+    """
+    _check_device(device)
+    model_spec, training_spec = parse_model(config["model"]), parse_training(config["training"])
+    cuda = device == "cuda"
+    step = _cuda_train_step if cuda else train_step
+    with _device_context(device):
+        torch.manual_seed(SEED)
+        model = build_model(model_spec, training_spec)
+        optimizer = build_optimizer(model, training_spec)
+        for _ in range(protocol.warmup_steps):
+            idx, targets = make_batch(model_spec, training_spec)
+            step(model, optimizer, idx, targets, training_spec, on_phase=lambda _p: None)
+        wall, cpu, event_ms = [], [], []
+        phases: dict[str, dict[str, list[float]]] = {p: {"wall_s": [], "cpu_s": []} for p in STEP_PHASES}
+        for _ in range(protocol.repetitions):
+            idx, targets = make_batch(model_spec, training_spec)
+            clock = _PhaseClock(cuda)
+            if cuda:
+                torch.cuda.synchronize()
+                start_event = torch.cuda.Event(enable_timing=True)
+                end_event = torch.cuda.Event(enable_timing=True)
+                start_event.record()
+            w0, c0 = time.perf_counter(), time.process_time()
+            step(model, optimizer, idx, targets, training_spec, on_phase=clock)
+            if cuda:
+                end_event.record()
+                torch.cuda.synchronize()
+                event_ms.append(start_event.elapsed_time(end_event))
+            w1, c1 = time.perf_counter(), time.process_time()
+            wall.append(w1 - w0)
+            cpu.append(c1 - c0)
+            for phase, (pw, pc) in clock.phase_times(w1, c1).items():
+                phases[phase]["wall_s"].append(pw)
+                phases[phase]["cpu_s"].append(pc)
+        profiled, profiled_wall = [], []
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        for _ in range(protocol.profiled_steps):
+            idx, targets = make_batch(model_spec, training_spec)
+            w0 = time.perf_counter()
+            with profile(activities=activities, record_shapes=True) as prof:
+                step(model, optimizer, idx, targets, training_spec, on_phase=lambda _p: None)
+                if cuda:
+                    torch.cuda.synchronize()
+            profiled_wall.append(time.perf_counter() - w0)
+            profiled.append(list(prof.events()))
+    iteration: dict[str, object] = {
+        "wall_s": wall, "cpu_s": cpu, "wall": _spread(wall), "cpu": _spread(cpu),
+        "phases": {p: {"wall_median_s": statistics.median(v["wall_s"]), "cpu_median_s": statistics.median(v["cpu_s"])}
+                   for p, v in phases.items() if v["wall_s"]},
+    }
+    if cuda:
+        event_s = [ms / 1e3 for ms in event_ms]
+        iteration.update({"cuda_event_s": event_s, "cuda_event": _spread(event_s)})
+    return {
+        "format": FORMAT,
+        "name": name,
+        "device": device,
+        "config": {k: dict(v) for k, v in config.items()},
+        "resolved": {"model": dataclasses.asdict(model_spec), "training": dataclasses.asdict(training_spec)},
+        "environment": environment(device),
+        "protocol": {**dataclasses.asdict(protocol), "seed": SEED,
+                     "clocks": "wall = time.perf_counter, cpu = time.process_time (whole process)"
+                               + ("; cuda_event = torch.cuda.Event elapsed_time" if cuda else "")},
+        "iteration": iteration,
+        "profiled_step_wall_s": profiled_wall,
+        "ops": summarize_profile(profiled, cuda),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA memory snapshot
+
+
+_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+            "segment_unmap", "snapshot", "oom")
+
+
+def cuda_memory_capture(name: str, config: Mapping[str, Mapping[str, object]],
+                        protocol: Protocol = Protocol(), max_entries: int = 1_000_000) -> dict[str, object]:
+    """One step under ``_record_memory_history`` after warm-up: allocated and reserved memory on CUDA.
+
+    Returns a compact document: peaks (``max_memory_allocated`` / ``max_memory_reserved`` over the step,
+    after ``reset_peak_memory_stats``), the segments at the end of the step, and the allocator's trace
+    as rows [action index, size, address offset from the lowest segment] (actions in ``actions``).
+
+    Raises:
+        DataError: no CUDA device is available.
+    """
+    _check_device("cuda")
+    model_spec, training_spec = parse_model(config["model"]), parse_training(config["training"])
+    with torch.device("cuda"):
+        torch.manual_seed(SEED)
+        model = build_model(model_spec, training_spec)
+        optimizer = build_optimizer(model, training_spec)
+        for _ in range(max(protocol.warmup_steps, 1)):
+            idx, targets = make_batch(model_spec, training_spec)
+            _cuda_train_step(model, optimizer, idx, targets, training_spec, on_phase=lambda _p: None)
+        idx, targets = make_batch(model_spec, training_spec)
+        torch.cuda.synchronize()
+        before = {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}
+        torch.cuda.reset_peak_memory_stats()
+        phase_marks: list[tuple[str, int]] = []
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
+        try:
+            def mark(phase: str) -> None:
+                phase_marks.append((phase, len(_device_trace(torch.cuda.memory._snapshot()))))
+            _cuda_train_step(model, optimizer, idx, targets, training_spec, on_phase=mark)
+            torch.cuda.synchronize()
+            snapshot = torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        peaks = {"max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
+                 "max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
+    segments = snapshot.get("segments", [])
+    base = min((int(s["address"]) for s in segments), default=0)
+    trace = _device_trace(snapshot)
+    rows = []
+    for entry in trace:
+        action = entry.get("action", "")
+        rows.append([_ACTIONS.index(action) if action in _ACTIONS else -1, int(entry.get("size", 0)),
+                     int(entry.get("addr", 0)) - base])
+    return {
+        "format": "memsim-cuda-memory-1",
+        "name": name,
+        "device": "cuda",
+        "config": {k: dict(v) for k, v in config.items()},
+        "environment": environment("cuda"),
+        "protocol": {**dataclasses.asdict(protocol), "seed": SEED,
+                     "method": "torch.cuda.memory._record_memory_history + _snapshot over one step"},
+        "results": {**peaks, "before_step": before,
+                    "end_reserved_bytes": sum(int(s["total_size"]) for s in segments),
+                    "end_allocated_bytes": sum(int(s.get("allocated_size", 0)) for s in segments)},
+        "segments": {"columns": ["total_size", "allocated_size", "stream", "segment_type"],
+                     "rows": [[int(s["total_size"]), int(s.get("allocated_size", 0)), int(s.get("stream", 0)),
+                               str(s.get("segment_type", ""))] for s in segments]},
+        "phase_starts": {phase: position for phase, position in phase_marks},
+        "trace": {"columns": ["action", "size", "address_offset"], "actions": list(_ACTIONS), "rows": rows},
+    }
+
+
+def _device_trace(snapshot: Mapping[str, object]) -> list[dict]:
+    traces = snapshot.get("device_traces", [])
+    return list(traces[0]) if traces else []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Driver
+
+
+def _check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise ScenarioError(f"--device = {device!r} must be one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DataError("--device = 'cuda': no CUDA device is available here (torch.cuda.is_available() is False, "
+                        f"torch {torch.__version__}); capture on a machine with a GPU or use --device cpu")
+
+
+def _compact_rows(document: dict[str, object]) -> str:
+    """Indented JSON whose long row tables are written one row per line."""
+    markers: dict[str, str] = {}
+
+    def walk(node: object) -> object:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key == "rows" and isinstance(value, list):
+                    marker = f"__ROWS_{len(markers)}__"
+                    markers[marker] = "[\n" + ",\n".join(json.dumps(r, separators=(",", ":")) for r in value) + "\n]"
+                    out[key] = marker
+                elif key in ("wall_s", "cpu_s", "cuda_event_s") and isinstance(value, list):
+                    marker = f"__ROWS_{len(markers)}__"
+                    markers[marker] = json.dumps(value)
+                    out[key] = marker
+                else:
+                    out[key] = walk(value)
+            return out
+        return node
+
+    text = json.dumps(walk(document), indent=1)
+    for marker, body in markers.items():
+        text = text.replace(json.dumps(marker), body)
+    return text + "\n"
+
+
+def capture(device: str, configs: Path = DEFAULT_CONFIGS, out_dir: Path | None = None,
+            only: Sequence[str] = (), protocol: Protocol = Protocol(), memory: bool = True,
+            progress: Callable[[str], None] | None = None) -> list[Path]:
+    """Capture every selected configuration of ``configs`` on ``device`` into ``out_dir``.
+
+    Args:
+        device: "cpu" or "cuda".
+        configs: configurations TOML (validation.measure_memory format).
+        out_dir: output root (default validation/data/<device>); timing files go to <out_dir>/timing/.
+        only: configuration names to capture (default all).
+        protocol: warm-up, repetitions, profiled steps, CPU threads.
+        memory: also measure the memory timeline (<out_dir>/memory/<name>.json).
+        progress: called with one line per finished configuration.
+
+    Returns:
+        The paths written.
+
+    Raises:
+        DataError: unreadable configurations file, or cuda without a GPU.
+        ScenarioError: an unknown name in ``only`` or an invalid configuration.
+    """
+    _check_device(device)
+    out = Path(out_dir) if out_dir is not None else DATA_ROOT / device
+    table = measure_memory.load_configs(Path(configs))
+    unknown = [n for n in only if n not in table]
+    if unknown:
+        raise ScenarioError(f"--only {unknown[0]} is not a configuration in {configs}; allowed: {', '.join(table)}")
+    names = list(only) or list(table)
+    torch.set_num_threads(protocol.threads)
+    written: list[Path] = []
+    if memory and device == "cpu":
+        measure_memory.run(Path(configs), out / "memory", names, protocol.threads)
+        written.extend(out / "memory" / f"{n}.json" for n in names)
+    for name in names:
+        document = capture_one(name, table[name], device, protocol)
+        path = out / "timing" / f"{name}.json"
+        atomic_write_text(path, _compact_rows(document))
+        written.append(path)
+        if memory and device == "cuda":
+            mem_path = out / "memory" / f"{name}.json"
+            atomic_write_text(mem_path, _compact_rows(cuda_memory_capture(name, table[name], protocol)))
+            written.append(mem_path)
+        if progress is not None:
+            it = document["iteration"]
+            progress(f"{name}: iteration median {it['wall']['median_s'] * 1e3:.2f} ms wall, "
+                     f"{it['cpu']['median_s'] * 1e3:.2f} ms cpu (range {it['wall']['range_over_median']:.0%})")
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (2 on bad input)."""
+    parser = argparse.ArgumentParser(prog="python -m validation.capture", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--configs", type=Path, default=DEFAULT_CONFIGS, help="configurations TOML file")
+    parser.add_argument("--out", type=Path, default=None, help="output root (default validation/data/<device>)")
+    parser.add_argument("--only", action="append", default=[], help="capture only this configuration (repeatable)")
+    parser.add_argument("--repetitions", type=int, default=Protocol.repetitions, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=Protocol.warmup_steps, help="warm-up steps")
+    parser.add_argument("--profiled", type=int, default=Protocol.profiled_steps, help="profiled steps")
+    parser.add_argument("--threads", type=int, default=Protocol.threads, help="torch intra-op threads (CPU)")
+    parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory timeline")
+    args = parser.parse_args(argv)
+    try:
+        protocol = Protocol(args.warmup, args.repetitions, args.profiled, args.threads)
+        capture(args.device, args.configs, args.out, args.only, protocol, args.memory,
+                progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except MemsimError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
