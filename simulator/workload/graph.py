@@ -1,8 +1,8 @@
-"""Operator-DAG value types: tensors with sizes and memory categories, ops with costs, the ordered graph."""
+"""Workload value types: tensors with sizes and memory categories, ops with costs and memory events."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Memory categories reported per rank (DESIGN.md's breakdown_at_peak keys).
 PARAMETERS = "parameters"
@@ -77,17 +77,3 @@ class Op:
     frees: tuple[int, ...] = ()    # tensor ids freed at op end
     layer: int = -1                # transformer layer index, -1 for embedding/head/optimizer
     microbatch: int = 0
-
-
-@dataclass(frozen=True)
-class OpGraph:
-    """A straight-line program of ops for one rank and the tensors they use.
-
-    `ops` is in execution order; `tensors` maps id -> Tensor. Dependencies are the program order
-    (a single compute stream); ops of other streams are added by lowering.
-    """
-
-    tensors: dict[int, Tensor]
-    ops: tuple[Op, ...]
-    persistent: tuple[int, ...] = ()          # tensor ids allocated before the first op
-    meta: dict[str, object] = field(default_factory=dict)

@@ -294,7 +294,6 @@ class TransformerBuilder:
             holders = (q, k, v)
         else:
             qkv = ops.linear(x, p["qkv_w"], p.get("qkv_b"), f"{pre}.c_attn")
-            kvd = kv * hd
             q, k, v = tape.views(qkv, ((b, nh, s, hd), (b, kv, s, hd), (b, kv, s, hd)), f"{pre}.split",
                                  cat_grad=True)
             holders = (qkv,)
