@@ -25,7 +25,11 @@ def korthikanti_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, seq
 
 
 def narayanan_model_flops(batch: int, s: int, layers: int, h: int, vocab: int) -> float:
-    """Model FLOPs of one iteration of a GPT model (Narayanan et al. 2021), without recompute."""
+    """FLOPs of one iteration of a GPT model as Narayanan et al. 2021 count them (eq. 3).
+
+    Their factor 96 includes the forward recomputation of full activation checkpointing (four
+    passes over the layers, three over the logits); without recompute the layer term is 72/96 of it.
+    """
     return 96.0 * batch * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
 
 

@@ -64,6 +64,15 @@ def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
 def _check_plan(scenario: Scenario) -> None:
     p = scenario.parallel
     src = scenario.source
+    m = scenario.model
+    if m.architecture != "llama" and m.num_kv_heads != m.num_attention_heads:
+        raise PlanError(f"{src}: model.num_kv_heads = {m.num_kv_heads}: architecture {m.architecture!r} "
+                        f"has no grouped-query attention; it must equal model.num_attention_heads = "
+                        f"{m.num_attention_heads}")
+    recompute = scenario.training.recompute
+    if recompute.startswith("segments:") and int(recompute.split(":")[1]) > m.num_layers:
+        raise PlanError(f"{src}: training.recompute = {recompute!r}: more segments than "
+                        f"model.num_layers = {m.num_layers}")
     for key in ("tp", "pp", "dp"):
         value = getattr(p, key)
         if value != 1:

@@ -253,16 +253,12 @@ GPT_TINY = {"architecture": "gpt", "num_layers": 2, "hidden_size": 16, "num_atte
             "vocab_size": 32, "seq_length": 8, "attention": "eager"}
 
 
-@pytest.mark.xfail(strict=True, reason="tape._recompute_region frees the tensors the stopping op saves "
-                                       "before counting their saved references")
 def test_selective_recompute_keeps_the_stopping_ops_inputs():
     doc = {"model": dict(GPT_TINY), "training": {"recompute": "selective"}, "cluster": {"topology": "h100-sxm"}}
     _, _, workload = _scenario_and_workload(doc)
     _assert_inputs_live(workload)
 
 
-@pytest.mark.xfail(strict=True, reason="tape._forward_node frees a saved tensor before its int8 copy "
-                                       "is made; backward ops list the freed original as input")
 def test_int8_compression_quantizes_live_tensors():
     doc = {"model": dict(GPT_TINY), "training": {"activation_compression": "int8"},
            "cluster": {"topology": "h100-sxm"}}
@@ -270,8 +266,6 @@ def test_int8_compression_quantizes_live_tensors():
     _assert_inputs_live(workload)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="Checkpointing.block_regions divides by zero segments when N > num_layers")
 def test_more_segments_than_layers_is_a_scenario_error():
     doc = {"model": dict(GPT_TINY), "training": {"recompute": "segments:3"}, "cluster": {"topology": "cpu"}}
     with pytest.raises(MemsimError):

@@ -44,9 +44,9 @@ DEVICES = ("cpu", "cuda")
 DEFAULT_CONFIGS = measure_memory.DEFAULT_CONFIGS
 DATA_ROOT = _HERE / "data"
 SEED = 0
-OP_COLUMNS = ("name", "input_shapes", "input_dtypes", "calls_per_step", "median_us", "min_us")
+OP_COLUMNS = ("name", "input_shapes", "input_layouts", "input_dtypes", "calls_per_step", "median_us", "min_us")
 STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
-FORMAT = "memsim-timing-1"
+FORMAT = "memsim-timing-2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Protocol:
 
     warmup_steps: int = 3
     repetitions: int = 7
-    profiled_steps: int = 2
+    profiled_steps: int = 3
     threads: int = 1
 
     def __post_init__(self) -> None:
@@ -173,6 +173,26 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _row_major(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    step = 1
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != step:
+            return False
+        step *= max(int(dim), 1)
+    return True
+
+
+def _layout(shape: object, strides: object) -> str:
+    """"c" row-major contiguous, "t" last two dims transposed (column-major), "x" other strides, "" no tensor."""
+    if not isinstance(shape, list) or not isinstance(strides, list) or not shape or len(strides) != len(shape):
+        return ""
+    if _row_major(shape, strides):
+        return "c"
+    if len(shape) >= 2 and _row_major([*shape[:-2], shape[-1], shape[-2]], [*strides[:-2], strides[-1], strides[-2]]):
+        return "t"
+    return "x"
+
+
 def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> dict[str, object]:
     """Aggregate profiler events of several steps per (name, input shapes, input dtypes).
 
@@ -184,7 +204,7 @@ def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> 
         {"columns": OP_COLUMNS, "rows": [...]} sorted by total time (largest first), self CPU per step
         by op name, and with ``cuda`` the kernel table.
     """
-    per_call: dict[tuple[str, str, str], list[float]] = {}
+    per_call: dict[tuple[str, str, str, str], list[float]] = {}
     by_name: dict[str, float] = {}
     kernels: dict[str, list[float]] = {}
     for events in steps:
@@ -196,21 +216,24 @@ def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> 
                 if cuda:
                     kernels.setdefault(event.name, []).append(float(event.self_device_time_total))
                 continue
-            key = (event.name, json.dumps(list(event.input_shapes or []), separators=(",", ":")),
+            shapes = list(event.input_shapes or [])
+            strides = list(getattr(event, "structured_input_strides", None) or [])
+            layouts = [_layout(shape, stride) for shape, stride in zip(shapes, strides + [None] * len(shapes))]
+            key = (event.name, json.dumps(shapes, separators=(",", ":")), ",".join(layouts),
                    json.dumps(list(getattr(event, "input_dtypes", None) or []), separators=(",", ":")))
             us = float(event.self_cpu_time_total)
             per_call.setdefault(key, []).append(us)
             by_name[event.name] = by_name.get(event.name, 0.0) + us
     n = max(len(steps), 1)
     rows = []
-    for (name, shapes, dtypes), times in per_call.items():
-        rows.append([name, json.loads(shapes), json.loads(dtypes), len(times) / n,
+    for (name, shapes, layouts, dtypes), times in per_call.items():
+        rows.append([name, json.loads(shapes), layouts, json.loads(dtypes), len(times) / n,
                      round(statistics.median(times), 3), round(min(times), 3)])
-    rows.sort(key=lambda r: (-r[3] * r[4], r[0], json.dumps(r[1])))
+    rows.sort(key=lambda r: (-r[4] * r[5], r[0], json.dumps(r[1]), r[2]))
     summary: dict[str, object] = {
         "columns": list(OP_COLUMNS),
         "note": "self time per call in microseconds (wall clock, profiler on); calls_per_step averaged over "
-                "the profiled steps",
+                "the profiled steps; input_layouts per input: c contiguous, t transposed, x other strides",
         "rows": rows,
         "self_us_per_step_by_name": {k: round(v / n, 3) for k, v in sorted(by_name.items(), key=lambda i: -i[1])},
     }

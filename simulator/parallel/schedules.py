@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 from simulator.errors import ScheduleError
 
@@ -94,15 +94,18 @@ class Schedule:
                 raise ScheduleError(f"schedule {self.name!r}: {key} = {value!r}: must be an integer >= 1")
         if isinstance(self.ranks, (str, bytes)) or not isinstance(self.ranks, Iterable):
             raise ScheduleError(f"schedule {self.name!r}: ranks = {self.ranks!r}: must be a list of action lists")
-        ranks = tuple(tuple(actions) for actions in self.ranks)
+        rows = list(self.ranks)
+        if any(isinstance(row, (str, bytes)) or not isinstance(row, Iterable) for row in rows):
+            raise ScheduleError(f"schedule {self.name!r}: ranks = {self.ranks!r}: each rank needs a list of Actions")
+        ranks = tuple(tuple(actions) for actions in rows)
         if not ranks:
             raise ScheduleError(f"schedule {self.name!r}: ranks = (): needs at least one pipeline rank")
-        placement = _placement(ranks, self.virtual_stages, tuple(self.stage_ranks), self.name,
-                               _rank_locator)
+        prefix = f"schedule {self.name!r}"
+        placement = _placement(ranks, self.virtual_stages, tuple(self.stage_ranks), prefix, _rank_locator)
         for rank, actions in enumerate(ranks):
             for position, action in enumerate(actions):
                 _check_ranges(action, rank, position, len(ranks) * self.virtual_stages, self.microbatches,
-                              self.name, _rank_locator)
+                              prefix, _rank_locator)
         chunks = _chunks(placement, len(ranks))
         filled = []
         for rank, actions in enumerate(ranks):
@@ -154,9 +157,9 @@ def _rank_locator(rank: int, position: int | None) -> str:
     return f"rank {rank}" if position is None else f"rank {rank}, position {position}"
 
 
-def _check_ranges(action: object, rank: int, position: int, num_stages: int, microbatches: int, name: str,
+def _check_ranges(action: object, rank: int, position: int, num_stages: int, microbatches: int, prefix: str,
                   locate: Locator) -> None:
-    where = f"schedule {name!r}: {locate(rank, position)}"
+    where = f"{prefix}: {locate(rank, position)}"
     if not isinstance(action, Action):
         raise ScheduleError(f"{where}: {action!r} is not an Action")
     if action.stage >= num_stages:
@@ -167,7 +170,22 @@ def _check_ranges(action: object, rank: int, position: int, num_stages: int, mic
                             f"0..{microbatches - 1}")
 
 
-def _placement(ranks: tuple[tuple[Action, ...], ...], virtual_stages: int, given: tuple[int, ...], name: str,
+def _owners(ranks: tuple[tuple[Action, ...], ...], num_stages: int, prefix: str, locate: Locator) -> list[int]:
+    """The rank whose list names each stage (-1: none); a stage named on two lists is an error."""
+    owner = [-1] * num_stages
+    for rank, actions in enumerate(ranks):
+        for position, action in enumerate(actions):
+            if not isinstance(action, Action) or action.stage >= num_stages:
+                continue        # reported by the range check with its position
+            if owner[action.stage] == -1:
+                owner[action.stage] = rank
+            elif owner[action.stage] != rank:
+                raise ScheduleError(f"{prefix}: {locate(rank, position)}: action {action}: stage {action.stage} "
+                                    f"already runs on {locate(owner[action.stage], None)}; a stage runs on one rank")
+    return owner
+
+
+def _placement(ranks: tuple[tuple[Action, ...], ...], virtual_stages: int, given: tuple[int, ...], prefix: str,
                locate: Locator) -> tuple[int, ...]:
     """The rank of each stage: `given`, or where the actions name it; every rank gets v stages."""
     p = len(ranks)
@@ -175,36 +193,24 @@ def _placement(ranks: tuple[tuple[Action, ...], ...], virtual_stages: int, given
     if given:
         if len(given) != num_stages or any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < p
                                            for r in given):
-            raise ScheduleError(f"schedule {name!r}: stage_ranks = {given!r}: must give a rank in 0..{p - 1} "
+            raise ScheduleError(f"{prefix}: stage_ranks = {given!r}: must give a rank in 0..{p - 1} "
                                 f"for each of the {num_stages} stages")
         owner = list(given)
-    else:
-        owner = [-1] * num_stages
         for rank, actions in enumerate(ranks):
             for position, action in enumerate(actions):
-                if not isinstance(action, Action) or action.stage >= num_stages:
-                    continue        # reported by the range check with its position
-                if owner[action.stage] == -1:
-                    owner[action.stage] = rank
-                elif owner[action.stage] != rank:
-                    raise ScheduleError(f"schedule {name!r}: {locate(rank, position)}: action {action}: stage "
-                                        f"{action.stage} already runs on {locate(owner[action.stage], None)}; "
-                                        f"a stage runs on one rank")
+                if isinstance(action, Action) and action.stage < num_stages and owner[action.stage] != rank:
+                    raise ScheduleError(f"{prefix}: {locate(rank, position)}: action {action}: stage "
+                                        f"{action.stage} runs on rank {owner[action.stage]} (stage_ranks)")
+    else:
+        owner = _owners(ranks, num_stages, prefix, locate)
         for stage in range(num_stages):
             if owner[stage] == -1:
                 owner[stage] = stage % p
     for rank in range(p):
-        count = owner.count(rank)
-        if count != virtual_stages:
+        if owner.count(rank) != virtual_stages:
             stages = [stage for stage in range(num_stages) if owner[stage] == rank]
-            raise ScheduleError(f"schedule {name!r}: {locate(rank, None)} runs stages {stages}: every rank "
+            raise ScheduleError(f"{prefix}: {locate(rank, None)} runs stages {stages}: every rank "
                                 f"must run {virtual_stages} stage(s) (virtual_stages)")
-    if given:
-        for rank, actions in enumerate(ranks):
-            for position, action in enumerate(actions):
-                if isinstance(action, Action) and action.stage < num_stages and owner[action.stage] != rank:
-                    raise ScheduleError(f"schedule {name!r}: {locate(rank, position)}: action {action}: stage "
-                                        f"{action.stage} runs on rank {owner[action.stage]} (stage_ranks)")
     return tuple(owner)
 
 
@@ -243,19 +249,20 @@ def check_complete(schedule: Schedule, locate: Locator | None = None, source: st
         rank = schedule.rank_of(stage)
         for microbatch in range(m):
             has = {kind: (stage, kind, microbatch) in seen for kind in KINDS}
-            missing = None
-            if not has["F"]:
-                missing = "F"
-            elif has["B"] and (has["I"] or has["W"]):
+            if has["B"] and (has["I"] or has["W"]):
                 other = "I" if has["I"] else "W"
                 position = seen[(stage, other, microbatch)]
                 raise ScheduleError(f"{where}: {locate(*position)}: action {stage}{other}{microbatch} with "
                                     f"{stage}B{microbatch}: a backward is either B, or I and W")
-            elif not has["B"] and not has["I"]:
-                missing = "W" if has["W"] else "B"
-                missing = "I" if has["W"] else missing
+            missing = None
+            if not has["F"]:
+                missing = "F"
+            elif has["W"] and not has["I"]:
+                missing = "I"
             elif has["I"] and not has["W"]:
                 missing = "W"
+            elif not has["B"] and not has["I"]:
+                missing = "B"
             if missing is not None:
                 needs = "F" if missing == "F" else "B, or I and W"
                 raise ScheduleError(f"{where}: {locate(rank, None)}: action {stage}{missing}{microbatch} missing: "
@@ -332,7 +339,7 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     return Schedule("interleaved-1f1b", tuple(ranks), m, v)
 
 
-def _zero_bubble(name: str, p: int, m: int, in_flight_cap: int) -> Schedule:
+def _greedy_split(name: str, p: int, m: int, in_flight_cap: int) -> Schedule:
     """Order F, I and W greedily on unit costs (F = I = W, free communication), as Qi et al. 2024 draw them.
 
     Each rank, when free, runs the first of: an I whose gradient has arrived (the critical path), a
@@ -344,14 +351,17 @@ def _zero_bubble(name: str, p: int, m: int, in_flight_cap: int) -> Schedule:
     next_f, next_i, next_w = [0] * p, [0] * p, [0] * p
     orders: list[list[Action]] = [[] for _ in range(p)]
     step = 0
+    limit = 3 * m + 2 * p + 1               # every rank is busy once the first gradient is back
     while any(w < m for w in next_w):
+        if step > limit:
+            raise ScheduleError(f"{name}: p = {p}, m = {m}: no order found within {limit} steps")
         step += 1                               # actions decided now run in [step - 1, step)
         now = step - 1
         chosen = []
         for r in range(p):
             i, f = next_i[r], next_f[r]
-            grad_ready = i < f and (i_done[r + 1][i] if r + 1 < p else f_done[r][i]) not in (-1,) and \
-                (i_done[r + 1][i] if r + 1 < p else f_done[r][i]) <= now
+            grad_at = (i_done[r + 1][i] if r + 1 < p else f_done[r][i]) if i < f else -1
+            grad_ready = 0 <= grad_at <= now
             input_ready = f < m and (r == 0 or 0 <= f_done[r - 1][f] <= now)
             held = f - next_w[r]
             if grad_ready:
@@ -376,23 +386,43 @@ def _zero_bubble(name: str, p: int, m: int, in_flight_cap: int) -> Schedule:
 
 
 def zb_h1(p: int, m: int) -> Schedule:
-    """ZB-H1 (Qi et al. 2024): 1F1B's activation memory (p microbatches), backward split into I and W.
+    """ZB-H1 (Qi et al. 2024): 1F1B's peak activation memory (p microbatches), backward split into I and W.
 
-    W passes move later to fill the drain: with equal F, I, W times the bubble is (p-1)(T_F + T_B - T_W),
-    about a third of 1F1B's (p-1)(T_F + T_B + T_W).
+    Rank r runs 1F1B's warm-up, then F and I in turn, holding back its first r W passes (the ZB1P
+    order of torch's ScheduleInterleavedZeroBubble with one stage per rank); the held W passes fill the
+    drain. With equal F, I, W times the bubble is (p-1)(T_F + T_B - T_W), a third of 1F1B's
+    (p-1)(T_F + T_B + T_W) when m >= p.
     """
     _positive("zb-h1", p=p, m=m)
-    return _zero_bubble("zb-h1", p, m, p)
+    ranks = []
+    for r in range(p):
+        warmup = min(p - r - 1, m)
+        actions = [Action(r, "F", i) for i in range(warmup)]
+        weights = 0
+        for i in range(m - warmup):
+            actions += [Action(r, "F", warmup + i), Action(r, "I", i)]
+            if i >= r:
+                actions.append(Action(r, "W", weights))
+                weights += 1
+        for i in range(m - warmup, m):
+            actions.append(Action(r, "I", i))
+            if i >= r:
+                actions.append(Action(r, "W", weights))
+                weights += 1
+        actions += [Action(r, "W", i) for i in range(weights, m)]
+        ranks.append(tuple(actions))
+    return Schedule("zb-h1", tuple(ranks), m)
 
 
 def zb_h2(p: int, m: int) -> Schedule:
     """ZB-H2 (Qi et al. 2024): up to 2p-1 microbatches in flight buy a bubble of (p-1)(T_F + T_B - 2T_W).
 
-    More warm-up forwards fill the start, deferred W passes fill the drain: with equal F, I, W times
-    every rank is busy from its first action to its last (the paper's parallelogram).
+    Ordered greedily on equal F, I, W times with at most 2p-1 microbatches holding activations: rank r
+    warms up with 2(p-r)-1 forwards and defers W passes into the drain, so with m >= 2p-1 every rank
+    is busy from its first action to its last (the paper's parallelogram).
     """
     _positive("zb-h2", p=p, m=m)
-    return _zero_bubble("zb-h2", p, m, 2 * p - 1)
+    return _greedy_split("zb-h2", p, m, 2 * p - 1)
 
 
 def by_name(name: str, p: int, m: int, v: int = 1) -> Schedule:
@@ -490,13 +520,17 @@ def parse_actions(text: str | os.PathLike, microbatches: int | None = None, name
 
     p = len(rows)
     num_stages = 1 + max(action.stage for _, actions in rows for action in actions)
+    ranks = tuple(tuple(actions) for _, actions in rows)
+    owner = _owners(ranks, num_stages, source, locate)
     if num_stages % p:
         last = max((action.stage, lineno) for lineno, actions in rows for action in actions)
-        raise ScheduleError(f"{source}: line {last[1]}: stage {last[0]} out of range: {num_stages} stages do "
-                            f"not split evenly over {p} ranks (one line per rank)")
+        raise ScheduleError(f"{source}: line {last[1]}: stage {last[0]} out of range: {p} lines (ranks) run "
+                            f"stages 0..{num_stages - 1}, and every rank runs the same number of stages")
+    if -1 in owner:
+        raise ScheduleError(f"{source}: stage {owner.index(-1)} is on no line: stages 0..{num_stages - 1} each "
+                            f"need a rank")
     m = microbatches if microbatches is not None else 1 + max(a.microbatch for _, actions in rows for a in actions)
     _positive(source, microbatches=m)
-    ranks = tuple(tuple(actions) for _, actions in rows)
     placement = _placement(ranks, num_stages // p, (), source, locate)
     for rank, actions in enumerate(ranks):
         for position, action in enumerate(actions):
@@ -508,8 +542,7 @@ def parse_actions(text: str | os.PathLike, microbatches: int | None = None, name
 
 def read_actions(path: str | os.PathLike, microbatches: int | None = None) -> Schedule:
     """parse_actions for a file path (a str is always taken as a path here)."""
-    return parse_actions(os.fspath(path) if isinstance(path, str) else path, microbatches) \
-        if not isinstance(path, str) else parse_actions(_PathText(path), microbatches)
+    return parse_actions(_PathText(os.fspath(path)), microbatches)
 
 
 class _PathText(os.PathLike):
@@ -520,8 +553,3 @@ class _PathText(os.PathLike):
 
     def __fspath__(self) -> str:
         return self.path
-
-
-def actions_of_kind(schedule: Schedule, kinds: Sequence[str]) -> tuple[tuple[Action, ...], ...]:
-    """Per rank, the actions whose kind is in `kinds` (in order)."""
-    return tuple(tuple(action for action in actions if action.kind in kinds) for actions in schedule.ranks)

@@ -98,7 +98,9 @@ class Replay:
         return self.remap.get(root, root)
 
     def _forward_node(self, node: _Node, phase: str, frees_after: dict[int, list[int]],
-                      keep_saved: bool) -> None:
+                      keep_saved: bool, extra_saved: tuple[Ref, ...] = ()) -> None:
+        """Run one forward (or recomputed) node; `extra_saved` are references packed right after it
+        (the inputs of the op where recomputation stops), counted before any free happens."""
         st = self.tape._storages
         allocs: list[int] = []
         outputs: list[int] = []
@@ -120,16 +122,21 @@ class Replay:
             self._tensor(tid, f"{node.name}.workspace", shape, dtype, OTHER)
             allocs.append(tid)
             workspace.append(tid)
-        compress: list[int] = []
+        compress: list[tuple[int, int]] = []
         if keep_saved:
             for ref in node.saved:
                 tid = self._saved_storage(ref, compress)
                 self.saved_count[tid] = self.saved_count.get(tid, 0) + 1
+        for ref in extra_saved:
+            tid = self._mem(ref.id)
+            self.saved_count[tid] = self.saved_count.get(tid, 0) + 1
+        quantized = {source for source, _ in compress}
         frees: list[int] = list(workspace)
         for tid in frees_after.get(node.index, ()):
             actual = self.remap.get(tid, tid)
             self.py_alive.discard(actual)
-            self._maybe_free(actual, frees)
+            if actual not in quantized:       # a compressed tensor lives until it is quantized
+                self._maybe_free(actual, frees)
         inputs = [self._mem(r.id) for r in node.inputs]
         self._emit(node.name, node.op_class, phase, flops=node.flops, bytes_read=node.bytes_read,
                    bytes_written=node.bytes_written, dtype=node.dtype, gemm_mnk=node.gemm_mnk,
@@ -285,7 +292,7 @@ class Replay:
                 workspace.append(tid)
             frees: list[int] = list(workspace)
             if k == len(node.kernels) - 1:
-                frees.extend(dequantized)
+                frees.extend(dequantized.values())
                 # Autograd releases the node's incoming gradients and saved variables after it runs.
                 for ref, g in zip(node.outputs, grad_out):
                     if g is not None:
@@ -300,7 +307,7 @@ class Replay:
                 for index, g in produced:
                     self._receive_grad(node.inputs[index], g, frees, trail)
             inputs = [g for g in grad_out if g is not None]
-            inputs += [self._mem(r.id) for r in node.saved]
+            inputs += [dequantized.get(self._mem(r.id), self._mem(r.id)) for r in node.saved]
             self._emit(f"{node.name}.{kernel.suffix}", kernel.op_class, kernel.phase,
                        flops=kernel.flops, bytes_read=kernel.bytes_read,
                        bytes_written=kernel.bytes_written, dtype=kernel.dtype,
@@ -313,17 +320,17 @@ class Replay:
                        inputs=[], outputs=list(trail.allocs), allocs=trail.allocs, frees=trail.frees,
                        layer=node.layer)
 
-    def _dequantize(self, node: _Node) -> list[int]:
+    def _dequantize(self, node: _Node) -> dict[int, int]:
         """Unpack a node's int8-compressed saved tensors into temporaries for its backward."""
-        temps = []
+        temps: dict[int, int] = {}    # activation id -> its dequantized temporary
         for ref in node.saved:
             packed = self.packed.get(self._mem(ref.id))
-            if packed is None:
-                continue
+            if packed is None or self.unpacked[packed] in temps:
+                continue                      # not compressed, or a view of one already unpacked
             source = self.tensors[self.unpacked[packed]]
             tid = self._new_id()
             self._tensor(tid, f"{source.name}.dequantized", source.shape, source.dtype, OTHER)
-            temps.append(tid)
+            temps[self.unpacked[packed]] = tid
             self._emit(f"{node.name}.dequantize_int8", ELEMENTWISE, BACKWARD_INPUT,
                        flops=2.0 * source.nbytes, bytes_read=self.tensors[packed].nbytes,
                        bytes_written=source.nbytes, dtype=source.dtype, gemm_mnk=None, gemm_batch=1,
@@ -355,13 +362,12 @@ class Replay:
                        gemm_batch=1, inputs=(), outputs=(state,), allocs=(state,), frees=(),
                        layer=replay[0].layer)
         frees_after = self._python_frees(replay, replay[-1].index)
+        # When recomputation stops before the last saving op, that op's inputs were packed
+        # (saved) before it would have run: count them before the final frees happen.
+        stop_saves = last.saved if end < last.index else ()
         for node in replay:
-            self._forward_node(node, RECOMPUTE, frees_after, keep_saved=True)
-        if end < last.index:
-            # The stopping op's inputs were packed (saved) before recomputation stopped.
-            for ref in last.saved:
-                tid = self._mem(ref.id)
-                self.saved_count[tid] = self.saved_count.get(tid, 0) + 1
+            self._forward_node(node, RECOMPUTE, frees_after, keep_saved=True,
+                               extra_saved=stop_saves if node is replay[-1] else ())
         if state is not None:
             self._attach_frees([state])
 
