@@ -86,10 +86,19 @@ def run(
 
 
 @app.command()
-def devices() -> None:
-    """List the devices memsim knows, with the numbers it uses and their sources."""
-    from simulator.hardware.catalog import list_devices
+def devices(
+    name: Annotated[Optional[str], typer.Argument(help="Show every number of one device with its source.")] = None,
+) -> None:
+    """List the devices memsim knows; with NAME, every number of that device and its source."""
+    from simulator.hardware.catalog import get_device, list_devices
     from simulator.units import format_bytes
+
+    if name is not None:
+        try:
+            _print_device(get_device(name))
+        except MemsimError as error:
+            _fail(str(error))
+        return
 
     table = Table(title="memsim devices (cluster.topology = NAME)")
     for column in ("name", "device", "memory", "bandwidth", "L2", "bf16 dense", "fp32", "SMs"):
@@ -99,6 +108,21 @@ def devices() -> None:
                       format_bytes(d.l2_bytes), f"{d.peak_flop_per_s.get('bf16', 0) / 1e12:,.1f} TFLOP/s",
                       f"{d.peak_flop_per_s.get('fp32', 0) / 1e12:,.1f} TFLOP/s", str(d.sm_count))
     Console(width=140).print(table)
+
+
+def _print_device(device) -> None:
+    """One device: each field, its value and the source it comes from."""
+    import dataclasses
+
+    table = Table(title=f"{device.name}: {device.display_name}", show_lines=True)
+    table.add_column("field")
+    table.add_column("value")
+    table.add_column("source", overflow="fold")
+    for field in dataclasses.fields(device):
+        if field.name in ("source", "name", "display_name"):
+            continue
+        table.add_row(field.name, str(getattr(device, field.name)), device.source.get(field.name, ""))
+    Console(width=160).print(table)
 
 
 @app.command()

@@ -9,9 +9,10 @@ Held-out ("cross-validated") numbers: for each configuration the device is fitte
 (validation.calibrate.fit_device) and predicts it; for each collective buffer size the link is fitted
 on the other sizes. Timeline error: the largest vertical gap between the measured and predicted memory
 curves as a share of the measured peak, after aligning the phases (forward, backward with recompute,
-optimizer with zero_grad) and, inside each phase, placing every event at its share of the bytes the
-phase allocates and frees; a gap counts only where no point of the other curve within 1% of the phase
-comes as close (so that a one-event reordering is not a gap).
+optimizer with zero_grad) and, inside each phase, giving every event (one storage in the measurement, one
+allocate or free call in memsim) its share of the bytes the phase allocates and frees, over which the
+level ramps linearly -- so a group of frees memsim makes at once lines up with the same frees made one by
+one; a gap counts only where no point of the other curve within 1% of the phase comes as close.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from simulator.errors import DataError, MemsimError
 from simulator.io import atomic_write_text
 from simulator.scenario import scenario_from_dict
 from simulator.topology import apply_calibration, read_calibration
-from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, OPTIMIZER_STEP, RECOMPUTE
+from simulator.api import build_workload
+from simulator.topology import resolve_cluster
+from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, OPTIMIZER_STEP, RECOMPUTE
 from validation.calibrate import fit_device, fit_links, link_bus_bytes
 from validation.calibration_data import (
     Dataset, catalog_device, check_same_capture, device_params, load_dataset, predict_iteration_s, read_json,
@@ -155,51 +158,53 @@ def measured_curve(document: Mapping[str, object]) -> Curve:
     return _curve([(_SEGMENT_OF.get(phases[row[3]], "setup"), float(row[1])) for row in events_table["rows"]])
 
 
-def predicted_curve(result) -> Curve:
-    """memsim's allocated-memory curve over the measured iteration, split at the phase boundaries of its spans."""
-    rank = result.trace.ranks[0]
-    bounds = result.trace.iteration_bounds_s
-    start, end = bounds[result.scenario.run.warmup_iterations] if len(bounds) > 1 else bounds[-1]
-    spans = [s for s in rank.spans if start <= s.start_s and s.end_s <= end]
-    backward = min((s.start_s for s in spans if s.phase in (BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)), default=end)
-    optimizer = min((s.start_s for s in spans if s.phase == OPTIMIZER_STEP), default=end)
-    events, previous = [], 0
-    for sample in rank.memory:
-        if sample.time_s < start:
-            previous = sample.allocated
+_PHASE_SEGMENT = {FORWARD: "forward", BACKWARD_INPUT: "backward", BACKWARD_WEIGHT: "backward",
+                  RECOMPUTE: "backward", OPTIMIZER_STEP: "optimizer"}
+
+
+def predicted_curve(result, workload) -> Curve:
+    """memsim's allocated-memory curve over the last simulated iteration, each sample labelled by its instruction.
+
+    The engine records one memory sample per Alloc/Free instruction and one per op that allocates or frees,
+    so the last iteration is the last 3 + sum(allocs? + frees?) samples (micro-batch inputs, ops, input
+    release, zero_grad; one micro-batch per step); its inputs count as set-up, as in the measurement.
+    """
+    labels = ["setup"]
+    for op in [*workload.first_microbatch, "inputs", *workload.optimizer, "zero_grad"]:
+        if isinstance(op, str):
+            labels.append("optimizer")
             continue
-        if sample.time_s > end:
-            break
-        segment = "forward" if sample.time_s < backward else "backward" if sample.time_s < optimizer else "optimizer"
-        events.append((segment, float(sample.allocated - previous)))
+        labels += [_PHASE_SEGMENT[op.phase]] * (bool(op.allocs) + bool(op.frees))
+    samples = result.trace.ranks[0].memory
+    if len(samples) <= len(labels):
+        raise DataError(f"{result.scenario.source}: the simulation recorded {len(samples)} memory samples, fewer "
+                        f"than one iteration ({len(labels)})")
+    window = samples[-len(labels):]
+    previous = samples[-len(labels) - 1].allocated
+    events = [("setup", float(previous))]
+    for label, sample in zip(labels, window):
+        events.append((label, float(sample.allocated - previous)))
         previous = sample.allocated
-    curve = _curve(events)
-    entry = float(next((s.allocated for s in reversed(rank.memory) if s.time_s < start), 0))
-    first = curve["forward"]
-    if first[0] == 0.0 and entry:
-        curve = {seg: (c[0] + entry, c[1], c[2] + entry) for seg, c in curve.items()}
-    return curve
+    return _curve(events)
+
+
+def _points(curve: tuple[float, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The curve as (progress, level) corner points: each event ramps linearly over its share of the bytes."""
+    start, progress, levels = curve
+    return np.concatenate([[0.0], progress]), np.concatenate([[start], levels])
 
 
 def _bins(curve: tuple[float, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Lowest and highest level of a step curve in each of BINS progress bins."""
-    start, progress, levels = curve
-    entering = np.full(BINS, np.nan)
-    lo = np.full(BINS, np.inf)
-    hi = np.full(BINS, -np.inf)
-    if len(progress):
-        index = np.minimum((progress * BINS).astype(int), BINS - 1)
-        np.minimum.at(lo, index, levels)
-        np.maximum.at(hi, index, levels)
-        last = np.full(BINS, np.nan)
-        last[index] = levels          # the last event of a bin wins (events are in order)
-        entering[1:] = last[:-1]
-    entering[0] = start
-    for b in range(1, BINS):          # forward-fill: the level carried into an empty bin
-        if math.isnan(entering[b]):
-            entering[b] = hi[b - 1] if False else (last[b - 1] if len(progress) and not math.isnan(last[b - 1])
-                                                  else entering[b - 1])
-    return np.minimum(lo, entering), np.maximum(hi, entering)
+    """Lowest and highest level of the piecewise-linear curve in each of BINS progress bins."""
+    xs, ys = _points(curve)
+    edges = np.linspace(0.0, 1.0, BINS + 1)
+    at_edges = np.interp(edges, xs, ys)
+    lo = np.minimum(at_edges[:-1], at_edges[1:])
+    hi = np.maximum(at_edges[:-1], at_edges[1:])
+    index = np.minimum((xs * BINS).astype(int), BINS - 1)
+    np.minimum.at(lo, index, ys)
+    np.maximum.at(hi, index, ys)
+    return lo, hi
 
 
 def timeline_error(measured: Curve, predicted: Curve, peak_bytes: float) -> float:
@@ -224,10 +229,10 @@ def _plot(name: str, measured: Curve, predicted: Curve, path: Path) -> None:
     for label, curve, style in (("measured (torch)", measured, "-"), ("memsim", predicted, "--")):
         xs, ys = [], []
         for offset, segment in enumerate(SEGMENTS):
-            start, progress, levels = curve[segment]
-            xs += [offset] + list(offset + progress)
-            ys += [start] + list(levels)
-        ax.step(xs, np.asarray(ys) / 2**20, style, where="post", label=label, linewidth=1.2)
+            px, py = _points(curve[segment])
+            xs += list(offset + px)
+            ys += list(py)
+        ax.plot(xs, np.asarray(ys) / 2**20, style, label=label, linewidth=1.1)
     for boundary in (1, 2):
         ax.axvline(boundary, color="grey", linewidth=0.6)
     ax.set_xticks([0.5, 1.5, 2.5], ["forward", "backward (+ recompute)", "optimizer + zero_grad"])
@@ -238,3 +243,238 @@ def _plot(name: str, measured: Curve, predicted: Curve, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Comparisons
+
+
+def _memory_scenario(name: str, document: Mapping[str, object]) -> dict:
+    """The scenario that predicts a memory capture: the cpu device with the exact allocator, or the GPU
+    with the caching allocator."""
+    doc = scenario_document(name, dict(document["config"]))
+    if document.get("format") == "memsim-cuda-memory-1":
+        env = document["environment"]
+        doc["cluster"] = {"topology": catalog_device("cuda", str(env.get("device_name", ""))).name}
+        doc["allocator"] = {"kind": "caching"}
+    doc["run"] = {"warmup_iterations": 1, "iterations": 1, "record_events": False}
+    return doc
+
+
+def _memory_runs(root: Path, reference: Mapping[str, object] | None, plots: Path | None) -> dict[str, dict]:
+    """Peak, reserved and timeline comparisons of every memory/*.json (name -> RunComparison fields)."""
+    found: dict[str, dict] = {}
+    for path in sorted((root / "memory").glob("*.json")):
+        if path.name == "summary.json":
+            continue
+        document = read_json(path, "memory capture", ("name", "config", "environment"))
+        if reference is not None:
+            env = {**document["environment"], "device": document.get("device", reference.get("device"))}
+            check_same_capture(path, env, {k: reference.get(k) for k in ("torch_version", "device")}, "timing/")
+        scenario = scenario_from_dict(_memory_scenario(document["name"], document), source=str(path))
+        result = simulate(scenario)
+        workload = build_workload(scenario, resolve_cluster(scenario).device)
+        rank = result.report["ranks"][0]
+        cuda = document.get("format") == "memsim-cuda-memory-1"
+        try:
+            if cuda:
+                peak = int(document["results"]["max_memory_allocated_bytes"])
+                reserved = int(document["results"]["max_memory_reserved_bytes"])
+            else:
+                peak, reserved = int(document["results"]["peak_allocated_bytes"]), None
+            measured = measured_curve(document)
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise DataError(f"{path}: malformed memory capture ({error!r})") from None
+        predicted = predicted_curve(result, workload)
+        found[document["name"]] = {
+            "measured_peak_bytes": peak, "predicted_peak_bytes": int(rank["peak_allocated_bytes"]),
+            "timeline_error": timeline_error(measured, predicted, peak),
+            "measured_reserved_bytes": reserved,
+            "predicted_reserved_bytes": int(rank["peak_reserved_bytes"]) if cuda else None,
+        }
+        if plots is not None:
+            _plot(document["name"], measured, predicted, plots / f"{document['name']}.png")
+    return found
+
+
+def _time_runs(dataset: Dataset, calibration: Path | None) -> dict[str, dict]:
+    """Iteration time: measured, default device, held-out fit (leave one configuration out), calibration file."""
+    device = dataset.device_spec
+    default = device_params(device)
+    file_params = None
+    if calibration is not None:
+        loaded = read_calibration(calibration)
+        if loaded.torch_version and loaded.torch_version != dataset.torch_version:
+            raise DataError(f"{calibration}: fitted on torch {loaded.torch_version} but {dataset.root} was captured "
+                            f"with torch {dataset.torch_version}")
+        file_params = device_params(apply_calibration(device, loaded))
+    found = {}
+    for name in dataset.names:
+        others = [n for n in dataset.names if n != name]
+        heldout = fit_device(dataset, others) if others else None
+        spread = dataset.timing[name]["iteration"][dataset.clock]
+        features = dataset.features[name]
+        found[name] = {
+            "measured_s": dataset.iteration_s[name], "spread": float(spread["iqr_over_median"]),
+            "default_s": predict_iteration_s(features, device, default),
+            "heldout_s": predict_iteration_s(features, device, heldout.params) if heldout else None,
+            "file_s": predict_iteration_s(features, device, file_params) if file_params else None,
+        }
+    return found
+
+
+def _collectives(dataset: Dataset, calibration: Path | None) -> tuple[CollectiveComparison, ...]:
+    """Collective times: default (launch overhead + bus bytes at half the copy bandwidth), held out by size, file."""
+    if not dataset.collectives:
+        return ()
+    results = dataset.collectives["results"]
+    device = dataset.device_spec
+    links = {}
+    if calibration is not None:
+        links = {(l.collective, l.world_size): l for l in read_calibration(calibration).links}
+    heldout = {}
+    for size in sorted({int(r["size_bytes"]) for r in results}):
+        heldout[size] = {(f.collective, f.world_size): f for f in fit_links(results, bootstrap=0, exclude_size=size)}
+    rows = []
+    for r in results:
+        key = (str(r["collective"]), int(r["world_size"]))
+        bus = link_bus_bytes(key[0], key[1], float(r["size_bytes"]))
+        fit = heldout[int(r["size_bytes"])].get(key)
+        link = links.get(key)
+        rows.append(CollectiveComparison(
+            key[0], key[1], int(r["size_bytes"]), float(r["median_s"]), float(r["iqr_over_median"]),
+            device.launch_overhead_s + bus / (device.hbm_bytes_per_s / 2),
+            fit.latency_s + bus / fit.bytes_per_s if fit else math.nan,
+            link.latency_s + bus / link.bytes_per_s if link else None))
+    return tuple(rows)
+
+
+def _median_abs(values: Sequence[float | None]) -> float | None:
+    present = [abs(v) for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(present) if present else None
+
+
+def compare(data_dir: str | Path, calibration: str | Path | None = None, out_dir: str | Path | None = None) -> ComparisonReport:
+    """Compare memsim with every captured run of a capture folder.
+
+    Args:
+        data_dir: capture folder (memory/, timing/, collectives.json; memory alone is enough).
+        calibration: a calibration file to evaluate as well (in-sample if fitted on this data).
+        out_dir: write one PNG per memory capture (measured and predicted timelines) and report.json here.
+
+    Raises:
+        DataError: missing or corrupt data, captures from different torch versions or devices, a calibration
+            file from another torch version.
+        TopologyError: a calibration file for another device.
+    """
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise DataError(f"{root}: capture folder not found (expected validation/data/<device>)")
+    has_timing = any((root / "timing").glob("*.json"))
+    dataset = load_dataset(root) if has_timing else None
+    calibration_path = Path(calibration) if calibration is not None else None
+    reference = None
+    if dataset is not None:
+        reference = {"torch_version": dataset.torch_version, "device": dataset.device}
+    plots = Path(out_dir) if out_dir is not None else None
+    memory = _memory_runs(root, reference, plots)
+    if not memory and dataset is None:
+        raise DataError(f"{root}: no memory/*.json or timing/*.json capture files (run `memsim validate capture`)")
+    times = _time_runs(dataset, calibration_path) if dataset is not None else {}
+    names = list(dict.fromkeys([*memory, *times]))
+    runs = tuple(RunComparison(name, **memory.get(name, {}), **times.get(name, {})) for name in names)
+    collectives = _collectives(dataset, calibration_path) if dataset is not None else ()
+    summary = _summary(runs, collectives)
+    report = ComparisonReport(str(root), dataset.device if dataset else "cpu", dataset.clock if dataset else "",
+                              runs, collectives, summary,
+                              tuple(str(plots / f"{n}.png") for n in memory) if plots else ())
+    if plots is not None:
+        atomic_write_text(plots / "report.json", json.dumps(report_dict(report), indent=1) + "\n")
+    return report
+
+
+def _summary(runs: Sequence[RunComparison], collectives: Sequence[CollectiveComparison]) -> dict[str, object]:
+    error = RunComparison.error
+    peaks = [error(r.predicted_peak_bytes, r.measured_peak_bytes) for r in runs]
+    summary: dict[str, object] = {
+        "max_abs_peak_error": max((abs(p) for p in peaks if p is not None), default=None),
+        "max_timeline_error": max((r.timeline_error for r in runs if r.timeline_error is not None), default=None),
+        "max_abs_reserved_error": max((abs(e) for e in (error(r.predicted_reserved_bytes, r.measured_reserved_bytes)
+                                                        for r in runs) if e is not None), default=None),
+        "median_abs_time_error_default": _median_abs([error(r.default_s, r.measured_s) for r in runs]),
+        "median_abs_time_error_heldout": _median_abs([error(r.heldout_s, r.measured_s) for r in runs]),
+        "median_abs_time_error_file": _median_abs([error(r.file_s, r.measured_s) for r in runs]),
+        "median_time_spread": _median_abs([r.spread for r in runs]),
+        "median_abs_collective_error_default": _median_abs([error(c.default_s, c.measured_s) for c in collectives]),
+        "median_abs_collective_error_heldout": _median_abs([error(c.heldout_s, c.measured_s) for c in collectives]),
+        "median_abs_collective_error_file": _median_abs([error(c.file_s, c.measured_s) for c in collectives]),
+        "median_collective_spread": _median_abs([c.spread for c in collectives]),
+    }
+    return summary
+
+
+def report_dict(report: ComparisonReport) -> dict[str, object]:
+    """The report as JSON-ready data."""
+    return {"data_dir": report.data_dir, "device": report.device, "clock": report.clock,
+            "runs": [asdict(r) for r in report.runs], "collectives": [asdict(c) for c in report.collectives],
+            "summary": dict(report.summary), "plots": list(report.plots)}
+
+
+def _pct(value: float | None, width: int = 8) -> str:
+    return f"{100 * value:+{width - 1}.2f}%" if value is not None and math.isfinite(value) else " " * (width - 1) + "-"
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:9.2f}" if value is not None and math.isfinite(value) else "        -"
+
+
+def format_report(report: ComparisonReport) -> str:
+    """The comparison as plain-text tables (errors are predicted / measured - 1)."""
+    error = RunComparison.error
+    lines = [f"memsim vs measured: {report.data_dir} (device {report.device}; times on the {report.clock or '-'} "
+             f"clock, held-out = fitted on the other configurations)", "",
+             f"{'configuration':46s} {'peak err':>8s} {'timeline':>8s} {'reserved':>8s} {'measured':>9s} "
+             f"{'IQR':>6s} {'default':>9s} {'err':>8s} {'held-out':>9s} {'err':>8s} {'file':>9s} {'err':>8s}",
+             f"{'':46s} {'':>8s} {'(of pk)':>8s} {'err':>8s} {'ms':>9s} {'':>6s} {'ms':>9s} {'':>8s} {'ms':>9s} "
+             f"{'':>8s} {'ms':>9s} {'':>8s}"]
+    for r in report.runs:
+        timeline = f"{100 * r.timeline_error:7.2f}%" if r.timeline_error is not None else "       -"
+        spread = f"{100 * r.spread:5.1f}%" if r.spread is not None else "     -"
+        lines.append(f"{r.name:46s} {_pct(error(r.predicted_peak_bytes, r.measured_peak_bytes))} {timeline} "
+                     f"{_pct(error(r.predicted_reserved_bytes, r.measured_reserved_bytes))} {_ms(r.measured_s)} "
+                     f"{spread} {_ms(r.default_s)} {_pct(error(r.default_s, r.measured_s))} {_ms(r.heldout_s)} "
+                     f"{_pct(error(r.heldout_s, r.measured_s))} {_ms(r.file_s)} {_pct(error(r.file_s, r.measured_s))}")
+    if report.collectives:
+        lines += ["", f"{'collective':15s} {'n':>2s} {'bytes':>9s} {'measured':>9s} {'IQR':>6s} {'default':>9s} "
+                      f"{'err':>8s} {'held-out':>9s} {'err':>8s} {'file':>9s} {'err':>8s}"]
+        for c in report.collectives:
+            lines.append(f"{c.collective:15s} {c.world_size:2d} {c.size_bytes:9d} {_ms(c.measured_s)} "
+                         f"{100 * c.spread:5.1f}% {_ms(c.default_s)} {_pct(error(c.default_s, c.measured_s))} "
+                         f"{_ms(c.heldout_s)} {_pct(error(c.heldout_s, c.measured_s))} {_ms(c.file_s)} "
+                         f"{_pct(error(c.file_s, c.measured_s))}")
+    lines += ["", "summary:"]
+    for key, value in report.summary.items():
+        if value is not None:
+            lines.append(f"  {key:40s} {100 * value:8.2f}%")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (2 on bad input)."""
+    parser = argparse.ArgumentParser(prog="python -m validation.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("data", type=Path, help="capture folder (validation/data/<device>)")
+    parser.add_argument("--calibration", type=Path, default=None, help="calibration file to evaluate too")
+    parser.add_argument("--out", type=Path, default=None, help="write PNG timelines and report.json here")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    try:
+        report = compare(args.data, args.calibration, args.out)
+    except MemsimError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    sys.stdout.write(json.dumps(report_dict(report), indent=1) + "\n" if args.json else format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

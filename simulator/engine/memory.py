@@ -7,7 +7,7 @@ from simulator.trace.records import MemorySample, OomInfo
 from simulator.workload.graph import CATEGORIES, Tensor
 
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
-UNBOUNDED_BYTES = 1 << 62     # capacity after an OOM: keep simulating to measure the requirement
+UNBOUNDED_BYTES = 1 << 44     # capacity after an OOM (16 TiB): keep simulating to measure the requirement
 
 
 class RankMemory:

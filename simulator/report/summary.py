@@ -138,7 +138,7 @@ def _rank_table(report: dict, console: Console) -> None:
         table.add_row(str(r.get("rank", "?")), str(r.get("stage", "")), str(r.get("device", "")),
                       _bytes(r.get("peak_allocated_bytes")), _bytes(reserved), _bytes(capacity),
                       Text(used, style=style), Text(headroom, style=style),
-                      ("OOM " if r.get("oom") else "") + str(r.get("peak_op", "")))
+                      str(r.get("peak_op", "")))
     console.print(table)
     if len(shown) < len(ranks):
         console.print(Text(f"{len(ranks) - len(shown)} more ranks not shown (lowest peak reserved)",

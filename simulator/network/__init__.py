@@ -1,0 +1,1 @@
+"""The network model: topologies as graphs, a flow-level network with max-min fair sharing, collectives as flows."""

@@ -1,0 +1,473 @@
+"""Topologies as graphs: servers from topologies/*.toml joined by a leaf/spine fabric, with resources and routes.
+
+A `Topology` is N copies of one server (GPU ids 0..N*G-1 in node-major order) and, for N > 1, a two-level
+leaf/spine fabric. Every directed link is backed by a *resource* (an integer id with a payload capacity in
+bytes/s); both directions of host-memory links map to one shared resource, because DRAM reads and writes
+share the same channels. Routes are shortest paths by the cost `latency_s + 1 MiB / bytes_per_s` (integer
+picoseconds, so ties are exact) with GPUs never used as transit; ties go to the lexicographically smallest
+node sequence. Between servers a GPU leaves and enters through its own NIC (`nic_of_gpu`, the PCIe-nearest
+NIC as NCCL picks it); leaves talk through the spine chosen by a fixed hash of the two NIC ports (ECMP).
+Routes are computed once per (source, destination) and cached.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import heapq
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import networkx as nx
+
+from simulator.errors import TopologyError
+from simulator.hardware.catalog import DeviceSpec, get_device
+from simulator.network.spec import FabricSpec, LinkKind, ServerSpec, read_server, validate_fabric
+
+ROUTE_REFERENCE_BYTES = 2**20   # routes minimise the time to move this many bytes hop by hop
+_PS = 1e12
+_ENDPOINT = re.compile(r"^n(\d+)/(.+)$")
+
+
+@dataclass(frozen=True)
+class Route:
+    """A path through the topology: node names, the resources it loads (id, uses), latency, bottleneck."""
+
+    nodes: tuple[str, ...]
+    resources: tuple[tuple[int, int], ...]   # sorted by resource id; uses > 1 when a shared resource repeats
+    latency_s: float
+    bottleneck_bytes_per_s: float            # inf for an empty route (source == destination)
+    link_classes: tuple[str, ...]            # class of every hop, in order
+
+
+class _Server:
+    """Index of one server: local names, directed edges with local resources, cached shortest paths."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.names = [f"gpu{i}" for i in range(spec.gpus)] + [c.name for c in spec.components]
+        self.kinds = ["gpu"] * spec.gpus + [c.kind for c in spec.components]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.edges: list[tuple[int, int, LinkKind, int]] = []
+        capacities: list[float] = []
+        for connection in spec.connections:
+            link = spec.link(connection.link)
+            group = len(capacities)
+            if connection.shared == "all":
+                capacities.append(link.bytes_per_s)
+            for a, b in connection.pairs:
+                u, v = self.index[a], self.index[b]
+                if connection.shared == "all":
+                    forward = backward = group
+                elif connection.shared == "pair":
+                    forward = backward = len(capacities)
+                    capacities.append(link.bytes_per_s)
+                else:
+                    forward, backward = len(capacities), len(capacities) + 1
+                    capacities.extend([link.bytes_per_s, link.bytes_per_s])
+                self.edges.append((u, v, link, forward))
+                self.edges.append((v, u, link, backward))
+        self.capacities = capacities
+        self.out: list[list[tuple[int, int]]] = [[] for _ in self.names]
+        for e, (u, v, _, _) in enumerate(self.edges):
+            self.out[u].append((v, e))
+        for hops in self.out:
+            hops.sort()
+        self.cost = [int(round((link.latency_s + ROUTE_REFERENCE_BYTES / link.bytes_per_s) * _PS))
+                     for _, _, link, _ in self.edges]
+        self.transit = [kind != "gpu" for kind in self.kinds]
+        self.nics = [i for i, kind in enumerate(self.kinds) if kind == "nic"]
+        self._paths: dict[int, dict[int, tuple[int, tuple[int, ...]]]] = {}
+        self._edge_of = {(u, v): e for e, (u, v, _, _) in enumerate(self.edges)}
+        for g in range(spec.gpus):
+            for h in range(spec.gpus):
+                if g != h and h not in self.paths_from(g):
+                    raise TopologyError(f"{spec.path}: gpu{h} cannot be reached from gpu{g} (check [[connect]])")
+        if spec.nic_of_gpu is not None:
+            self.gpu_rail = [self.nics.index(self.index[name]) for name in spec.nic_of_gpu]
+        else:
+            self.gpu_rail = [self.nearest_rail(g, outbound=True) if self.nics else -1 for g in range(spec.gpus)]
+
+    def paths_from(self, src: int) -> dict[int, tuple[int, tuple[int, ...]]]:
+        """Shortest (cost, node path) from local `src` to every reachable local node; GPUs are not transit."""
+        done = self._paths.get(src)
+        if done is not None:
+            return done
+        done = {}
+        heap: list[tuple[int, tuple[int, ...]]] = [(0, (src,))]
+        best = {src: heap[0]}
+        while heap:
+            cost, path = heapq.heappop(heap)
+            u = path[-1]
+            if u in done:
+                continue
+            done[u] = (cost, path)
+            if u != src and not self.transit[u]:
+                continue
+            for v, e in self.out[u]:
+                if v in done:
+                    continue
+                candidate = (cost + self.cost[e], path + (v,))
+                if v not in best or candidate < best[v]:
+                    best[v] = candidate
+                    heapq.heappush(heap, candidate)
+        self._paths[src] = done
+        return done
+
+    def edge_path(self, src: int, dst: int) -> list[int]:
+        """Local edge indices of the shortest path src -> dst (raises if unreachable)."""
+        found = self.paths_from(src).get(dst)
+        if found is None:
+            raise TopologyError(f"{self.spec.path}: no path from {self.names[src]} to {self.names[dst]}")
+        path = found[1]
+        return [self._edge_of[(path[i], path[i + 1])] for i in range(len(path) - 1)]
+
+    def nearest_rail(self, local: int, outbound: bool) -> int:
+        """Rail (index into the NIC list) nearest to `local`: leaving (outbound) or arriving; ties -> lowest."""
+        options = []
+        for rail, nic in enumerate(self.nics):
+            found = self.paths_from(local).get(nic) if outbound else self.paths_from(nic).get(local)
+            if found is not None:
+                options.append((found[0], rail))
+        if not options:
+            raise TopologyError(f"{self.spec.path}: {self.names[local]} reaches no NIC")
+        return min(options)[1]
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """N copies of a server joined by a leaf/spine fabric: GPUs, resources, routes and the networkx graph."""
+
+    server: ServerSpec
+    nodes: int
+    fabric: FabricSpec
+    _index: _Server = field(init=False, repr=False, compare=False)
+    _routes: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_fabric(self.fabric, self.server.path)
+        if self.nodes != self.fabric.nodes:
+            raise TopologyError(f"{self.server.path}: nodes = {self.nodes} differs from fabric.nodes = "
+                                f"{self.fabric.nodes}")
+        index = _Server(self.server)
+        if self.nodes > 1 and not index.nics:
+            raise TopologyError(f"{self.server.path}: nodes = {self.nodes}: the server has no NIC to join a fabric")
+        if self.nodes > 1 and not self.fabric.rail_optimized and self.fabric.leaf_down_ports < len(index.nics):
+            raise TopologyError(f"{self.server.path}: fabric.leaf_down_ports = {self.fabric.leaf_down_ports}: must be "
+                                f"at least the NICs per node ({len(index.nics)}) when rail_optimized = false")
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_routes", {})
+
+    # ----- sizes and names -------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The topology's name (the TOML `name`)."""
+        return self.server.name
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs in one server."""
+        return self.server.gpus
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs in the whole cluster."""
+        return self.nodes * self.server.gpus
+
+    @property
+    def gpu_device(self) -> DeviceSpec:
+        """The catalog spec of the GPU type."""
+        return get_device(self.server.gpu)
+
+    @property
+    def rails(self) -> int:
+        """NICs per server (each is one rail of a rail-optimized fabric)."""
+        return len(self._index.nics)
+
+    @property
+    def resource_count(self) -> int:
+        """Number of resources (capacity-carrying link directions or shared links)."""
+        return self._fabric_base + 2 * self.nodes * self.rails + 2 * self.leaves * self._spines
+
+    def gpu_name(self, gpu: int) -> str:
+        """Graph node name of GPU id `gpu`, e.g. "n1/gpu3"."""
+        self._check_gpu(gpu)
+        return f"n{gpu // self.server.gpus}/gpu{gpu % self.server.gpus}"
+
+    def node_of_gpu(self, gpu: int) -> int:
+        """The server index holding GPU id `gpu`."""
+        self._check_gpu(gpu)
+        return gpu // self.server.gpus
+
+    def rail_of_gpu(self, gpu: int) -> int:
+        """Index of the NIC GPU `gpu` uses to leave its server (-1 without NICs)."""
+        self._check_gpu(gpu)
+        return self._index.gpu_rail[gpu % self.server.gpus]
+
+    def _check_gpu(self, gpu: int) -> None:
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < self.num_gpus:
+            raise TopologyError(f"topology {self.name}: GPU id {gpu!r} must be an integer in 0..{self.num_gpus - 1}")
+
+    # ----- fabric layout ---------------------------------------------------------------------------------------
+    @property
+    def _local_resources(self) -> int:
+        return len(self._index.capacities)
+
+    @property
+    def _fabric_base(self) -> int:
+        return self.nodes * self._local_resources
+
+    @property
+    def _spines(self) -> int:
+        return self.fabric.spines if self.leaves > 1 else 0
+
+    @property
+    def leaves(self) -> int:
+        """Leaf switches of the fabric (0 for one server)."""
+        if self.nodes == 1:
+            return 0
+        if self.fabric.rail_optimized:
+            return -(-self.nodes // self.fabric.leaf_down_ports) * self.rails
+        per_leaf = self.fabric.leaf_down_ports // self.rails
+        return -(-self.nodes // per_leaf)
+
+    def leaf_of(self, node: int, rail: int) -> int:
+        """The leaf switch NIC `rail` of server `node` plugs into."""
+        if self.fabric.rail_optimized:
+            return (node // self.fabric.leaf_down_ports) * self.rails + rail
+        return node // (self.fabric.leaf_down_ports // self.rails)
+
+    @property
+    def uplink_bytes_per_s(self) -> float:
+        """Payload capacity of one leaf -> spine resource (leaf downlink capacity / oversubscription / spines)."""
+        link = self.server.link(self.fabric.link)
+        return self.fabric.leaf_down_ports * link.bytes_per_s / self.fabric.oversubscription / max(self._spines, 1)
+
+    def capacity_bytes_per_s(self, resource: int) -> float:
+        """Payload capacity of a resource id."""
+        if resource < 0 or resource >= self.resource_count:
+            raise TopologyError(f"topology {self.name}: resource {resource} out of range 0..{self.resource_count - 1}")
+        if resource < self._fabric_base:
+            return self._index.capacities[resource % self._local_resources]
+        if resource < self._fabric_base + 2 * self.nodes * self.rails:
+            return self.server.link(self.fabric.link).bytes_per_s
+        return self.uplink_bytes_per_s
+
+    # ----- routes ----------------------------------------------------------------------------------------------
+    def _endpoint(self, point: int | str) -> tuple[int, int]:
+        if isinstance(point, int) and not isinstance(point, bool):
+            self._check_gpu(point)
+            return point // self.server.gpus, point % self.server.gpus
+        match = _ENDPOINT.match(point) if isinstance(point, str) else None
+        if match:
+            node, local = int(match.group(1)), self._index.index.get(match.group(2))
+            if node < self.nodes and local is not None:
+                return node, local
+        hint = ""
+        if isinstance(point, str) and match and int(match.group(1)) < self.nodes:
+            close = difflib.get_close_matches(match.group(2), self._index.names, n=1)
+            hint = f" (did you mean 'n{match.group(1)}/{close[0]}'?)" if close else ""
+        raise TopologyError(f"topology {self.name}: endpoint {point!r} must be a GPU id or 'n<node>/<component>' "
+                            f"with node < {self.nodes}{hint}")
+
+    def route(self, src: int | str, dst: int | str) -> Route:
+        """The cached route from `src` to `dst` (GPU ids or names like "n0/gpu3", "n1/mem0").
+
+        Args:
+            src: GPU id or server-component name.
+            dst: GPU id or server-component name.
+
+        Returns:
+            The Route; an empty one when src and dst are the same element.
+        """
+        key = (src, dst)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._compute_route(self._endpoint(src), self._endpoint(dst))
+            self._routes[key] = found
+        return found
+
+    def _compute_route(self, a: tuple[int, int], b: tuple[int, int]) -> Route:
+        index = self._index
+        hops: list[tuple[str, str, int, LinkKind]] = []
+
+        def local(node: int, src: int, dst: int) -> None:
+            for e in index.edge_path(src, dst):
+                u, v, link, res = index.edges[e]
+                hops.append((f"n{node}/{index.names[u]}", f"n{node}/{index.names[v]}",
+                             node * self._local_resources + res, link))
+
+        if a[0] == b[0]:
+            local(a[0], a[1], b[1])
+        else:
+            out_rail = index.gpu_rail[a[1]] if a[1] < self.server.gpus else index.nearest_rail(a[1], True)
+            in_rail = index.gpu_rail[b[1]] if b[1] < self.server.gpus else index.nearest_rail(b[1], False)
+            link = self.server.link(self.fabric.link)
+            local(a[0], a[1], index.nics[out_rail])
+            port_a, port_b = a[0] * self.rails + out_rail, b[0] * self.rails + in_rail
+            leaf_a, leaf_b = self.leaf_of(a[0], out_rail), self.leaf_of(b[0], in_rail)
+            nic_a = f"n{a[0]}/{index.names[index.nics[out_rail]]}"
+            nic_b = f"n{b[0]}/{index.names[index.nics[in_rail]]}"
+            base = self._fabric_base
+            hops.append((nic_a, f"leaf{leaf_a}", base + 2 * port_a, link))
+            if leaf_a != leaf_b:
+                spine = (port_a + port_b) % self._spines
+                up = base + 2 * self.nodes * self.rails
+                hops.append((f"leaf{leaf_a}", f"spine{spine}", up + 2 * (leaf_a * self._spines + spine), link))
+                hops.append((f"spine{spine}", f"leaf{leaf_b}", up + 2 * (leaf_b * self._spines + spine) + 1, link))
+            hops.append((f"leaf{leaf_b}", nic_b, base + 2 * port_b + 1, link))
+            local(b[0], index.nics[in_rail], b[1])
+        uses: dict[int, int] = {}
+        for _, _, res, _ in hops:
+            uses[res] = uses.get(res, 0) + 1
+        nodes = tuple([hops[0][0]] + [h[1] for h in hops]) if hops else (self._name(a),)
+        bottleneck = min((self.capacity_bytes_per_s(r) / n for r, n in uses.items()), default=math.inf)
+        return Route(nodes, tuple(sorted(uses.items())), sum(h[3].latency_s for h in hops), bottleneck,
+                     tuple(h[3].link_class for h in hops))
+
+    def _name(self, point: tuple[int, int]) -> str:
+        return f"n{point[0]}/{self._index.names[point[1]]}"
+
+    def route_cost_ps(self, route: Route) -> int:
+        """The routing cost of a route (sum over hops of latency + 1 MiB / bandwidth, integer picoseconds)."""
+        graph = self.graph
+        return sum(graph.edges[u, v]["cost_ps"] for u, v in zip(route.nodes, route.nodes[1:]))
+
+    # ----- features used by collectives ------------------------------------------------------------------------
+    def reduction_switch(self, gpus: Sequence[int]) -> str | None:
+        """The NVLS-capable switch every GPU of `gpus` links to directly, if they share one server and one exists."""
+        if not gpus:
+            return None
+        nodes = {self.node_of_gpu(g) for g in gpus}
+        if len(nodes) != 1:
+            return None
+        index = self._index
+        locals_ = [g % self.server.gpus for g in gpus]
+        for position, component in enumerate(self.server.components):
+            if not component.in_switch_reduction:
+                continue
+            switch = self.server.gpus + position
+            if all((g, switch) in index._edge_of for g in locals_):
+                return f"n{nodes.pop()}/{component.name}"
+        return None
+
+    # ----- the graph -------------------------------------------------------------------------------------------
+    def node_kind_counts(self) -> dict[str, int]:
+        """Number of graph nodes of each kind (gpu, nvswitch, ..., leaf, spine), in a fixed order."""
+        counts: dict[str, int] = {}
+        for kind in self._index.kinds:
+            counts[kind] = counts.get(kind, 0) + self.nodes
+        if self.leaves:
+            counts["leaf"] = self.leaves
+        if self._spines:
+            counts["spine"] = self._spines
+        return counts
+
+    def edge_class_counts(self) -> dict[str, int]:
+        """Number of directed graph edges of each link class, in a fixed order."""
+        counts: dict[str, int] = {}
+        for _, _, link, _ in self._index.edges:
+            counts[link.link_class] = counts.get(link.link_class, 0) + self.nodes
+        if self.nodes > 1:
+            counts["network"] = counts.get("network", 0) + 2 * self.nodes * self.rails + 2 * self.leaves * self._spines
+        return counts
+
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        """The frozen networkx DiGraph: nodes with `kind` (and `gpu` ids), edges with `bytes_per_s` (payload),
+        `raw_bytes_per_s`, `efficiency`, `latency_s`, `link`, `link_class`, `resource`, `cost_ps`, `source`."""
+        index = self._index
+        graph = nx.DiGraph(name=self.name)
+        for node in range(self.nodes):
+            for local, (name, kind) in enumerate(zip(index.names, index.kinds)):
+                attrs = {"kind": kind, "server": node}
+                if kind == "gpu":
+                    attrs["gpu"] = node * self.server.gpus + local
+                graph.add_node(f"n{node}/{name}", **attrs)
+        for leaf in range(self.leaves):
+            graph.add_node(f"leaf{leaf}", kind="leaf", server=None)
+        for spine in range(self._spines):
+            graph.add_node(f"spine{spine}", kind="spine", server=None)
+
+        def add(u: str, v: str, link: LinkKind, resource: int) -> None:
+            capacity = self.capacity_bytes_per_s(resource)
+            cost = int(round((link.latency_s + ROUTE_REFERENCE_BYTES / capacity) * _PS))
+            graph.add_edge(u, v, bytes_per_s=capacity, raw_bytes_per_s=capacity / link.efficiency,
+                           efficiency=link.efficiency, latency_s=link.latency_s, link=link.name,
+                           link_class=link.link_class, resource=resource, cost_ps=cost, source=link.source)
+
+        for node in range(self.nodes):
+            for u, v, link, res in index.edges:
+                add(f"n{node}/{index.names[u]}", f"n{node}/{index.names[v]}", link, node * self._local_resources + res)
+        if self.nodes > 1:
+            link = self.server.link(self.fabric.link)
+            base = self._fabric_base
+            for node in range(self.nodes):
+                for rail, nic in enumerate(index.nics):
+                    port, leaf = node * self.rails + rail, self.leaf_of(node, rail)
+                    add(f"n{node}/{index.names[nic]}", f"leaf{leaf}", link, base + 2 * port)
+                    add(f"leaf{leaf}", f"n{node}/{index.names[nic]}", link, base + 2 * port + 1)
+            up = base + 2 * self.nodes * self.rails
+            for leaf in range(self.leaves):
+                for spine in range(self._spines):
+                    add(f"leaf{leaf}", f"spine{spine}", link, up + 2 * (leaf * self._spines + spine))
+                    add(f"spine{spine}", f"leaf{leaf}", link, up + 2 * (leaf * self._spines + spine) + 1)
+        return nx.freeze(graph)
+
+
+def topology_dir() -> Path:
+    """The directory holding the bundled topology files (topologies/ at the repository root)."""
+    return Path(__file__).resolve().parents[2] / "topologies"
+
+
+def list_topologies() -> list[str]:
+    """Names of the bundled topologies, sorted."""
+    return sorted(p.stem for p in topology_dir().glob("*.toml"))
+
+
+def load_topology(name: str, *, nodes: int | None = None, oversubscription: float | None = None,
+                  rail_optimized: bool | None = None, spines: int | None = None,
+                  leaf_down_ports: int | None = None) -> Topology:
+    """Load a topology by bundled name (e.g. "dgx-a100") or TOML path, overriding fabric settings.
+
+    Args:
+        name: a name from list_topologies() or a path to a .toml file.
+        nodes: servers joined by the fabric (default: the file's fabric.nodes, usually 1).
+        oversubscription: leaf downlink / uplink capacity ratio (default: the file's).
+        rail_optimized: NIC r of every server to the rail-r leaf (default: the file's).
+        spines: spine switches (default: the file's).
+        leaf_down_ports: NIC ports per leaf (default: the file's).
+
+    Returns:
+        The Topology.
+    """
+    path = Path(name)
+    if path.suffix != ".toml":
+        path = topology_dir() / f"{name}.toml"
+        if not path.exists():
+            known = list_topologies()
+            hint = difflib.get_close_matches(name, known, n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise TopologyError(f"topology {name!r} is unknown{extra}; known: {', '.join(known)}")
+    server = read_server(path)
+    fabric = server.fabric
+    changes = {"nodes": nodes, "oversubscription": oversubscription, "rail_optimized": rail_optimized,
+               "spines": spines, "leaf_down_ports": leaf_down_ports}
+    for key, value in changes.items():
+        if value is None:
+            continue
+        kind = bool if key == "rail_optimized" else (int, float) if key == "oversubscription" else int
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise TopologyError(f"{path}: {key} = {value!r}: must be {'true or false' if kind is bool else 'a number'}")
+        fabric = _replace(fabric, key, value)
+    validate_fabric(fabric, str(path))
+    return Topology(server, fabric.nodes, fabric)
+
+
+def _replace(fabric: FabricSpec, key: str, value: object) -> FabricSpec:
+    import dataclasses
+
+    return dataclasses.replace(fabric, **{key: float(value) if key == "oversubscription" else value})
