@@ -205,7 +205,8 @@ def check_sends_matched(schedule_or_program: Schedule | Sequence[Sequence[Action
                 if transfer.dst_rank != rank or step.peer != transfer.src_rank:
                     _fail(f"rank {rank} step {index}: recv {step} names ranks {transfer.src_rank}->{transfer.dst_rank}")
                 if position.get(transfer.consumer.key, -1) < index:
-                    _fail(f"rank {rank} step {index}: recv {step} does not come before its consumer {transfer.consumer}")
+                    _fail(f"rank {rank} step {index}: recv {step} does not come before its consumer "
+                          f"{transfer.consumer}")
                 recvs.setdefault((step.peer, rank), []).append(transfer.key)
     pairs = 0
     for link in sorted(set(sends) | set(recvs)):

@@ -9,7 +9,7 @@ import pytest
 
 from simulator.errors import DeadlockError, MemsimError, ScheduleError
 from simulator.parallel.schedule_check import (
-    Blocked, CommStep, ScheduleDeadlock, dependencies, execute_uniform, program, transfers, validate,
+    Blocked, CommStep, ScheduleDeadlock, dependencies, execute_uniform, load_schedule, program, transfers, validate,
 )
 from simulator.parallel.schedules import (
     Action, Schedule, by_name, format_actions, gpipe, interleaved_1f1b, one_f_one_b, parse_actions, read_actions,
@@ -160,8 +160,8 @@ def test_parse_reads_torch_csv_with_empty_cells_comments_and_files(tmp_path):
     ("0F0 0X0 0B0", r"^<text>: line 1: action '0X0': unknown kind 'X' \(allowed: F, B, I, W\)$"),
     ("0F0 0B0\n1F0 1F0 1B0", r"^<text>: line 2 \(rank 1\), action 2: action 1F0 repeated \(first at line 2 "
                              r"\(rank 1\), action 1\): each stage runs each microbatch's F once$"),
-    ("0F0 0F1 0B0\n1F0 1B0 1F1 1B1", r"^<text>: line 1 \(rank 0\): action 0B1 missing: stage 0 runs F then B, "
-                                     r"or I and W for every microbatch 0..1$"),
+    ("0F0 0F1 0B0\n1F0 1B0 1F1 1B1", r"^<text>: line 1 \(rank 0\): action 0B1 missing: stage 0 runs F, then B "
+                                     r"or I and W, for every microbatch 0..1$"),
     ("0F0 0I0 0B0", r"action 0I0 with 0B0: a backward is either B, or I and W"),
     ("0F0 0I0", r"action 0W0 missing"),
     ("0F0 0B0\n0F1 0B1", r"^<text>: line 2 \(rank 1\), action 1: action 0F1: stage 0 already runs on line 1 "
@@ -188,6 +188,30 @@ def test_parse_checks_microbatches_when_given_and_reports_unreadable_files(tmp_p
         parse_actions("0F0 0B0 0F3 0B3", microbatches=2)
     with pytest.raises(ScheduleError, match=r"missing.txt: cannot read schedule file: No such file"):
         parse_actions(str(tmp_path / "missing.txt"))
+
+
+def test_load_schedule_checks_a_scenario_schedule_against_the_plan(tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_text("0F0 0F1 0B0 0B1\n1F0 1B0 1F1 1B1\n")
+    assert load_schedule(str(path), 2, 2).ranks == one_f_one_b(2, 2).ranks
+    assert load_schedule("zb-h2", 3, 5) == zb_h2(3, 5)
+    cases = [
+        ((str(path), 4, 2), rf"^parallel.schedule = '{re.escape(str(path))}': the file has 2 lines \(ranks\), "
+                            r"parallel.pp = 4$"),
+        ((str(path), 2, 3), r"': line 1 \(rank 0\): action 0F2 missing"),
+        ((str(path), 2, 2, 2), r"the file has 1 stages per rank, parallel.virtual_stages = 2"),
+        (("1f1c", 2, 2), r"^parallel.schedule = '1f1c': unknown schedule .*did you mean '1f1b'\?$"),
+        (("interleaved-1f1b", 4, 6, 2), r"^parallel.schedule = 'interleaved-1f1b': microbatches = 6"),
+        ((str(tmp_path / "none.txt"), 2, 2), r"none.txt': cannot read schedule file"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ScheduleError, match=message):
+            load_schedule(*args)
+    path.write_text("0F0 0B0 0F1 0B1\n1F0 1F1 1B0 1B1\n")
+    with pytest.raises(ScheduleDeadlock, match=r"^parallel.schedule = '.*mine.txt': schedule 'mine.txt' deadlocks") \
+            as info:
+        load_schedule(str(path), 2, 2)
+    assert len(info.value.blocked) == 2
 
 
 # ---- validation ---------------------------------------------------------------------------------------

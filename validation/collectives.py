@@ -5,8 +5,8 @@ Usage: ``python -m validation.collectives [--out validation/data/cpu/collectives
 
 Protocol: for each world size, torch.multiprocessing spawns that many processes on this machine
 (gloo over the loopback interface, rendezvous through a temporary file: nothing leaves the host).
-Each process uses one torch thread. For every collective and buffer size (fp32, 4 KiB to 16 MiB),
-``warmup`` untimed calls, then ``repetitions`` timed calls, each preceded by a barrier; a call's
+Each process uses one torch thread. After GROUP_WARMUP small all_reduces (connection set-up), for
+every collective and buffer size (fp32, 4 KiB to 16 MiB): ``warmup`` untimed calls, then ``repetitions`` timed calls, each preceded by a barrier; a call's
 time is the slowest rank's. Size = the full buffer in bytes, as nccl-tests counts it: the tensor
 all_reduce reduces, all_gather's output, reduce_scatter's input. The file keeps every repetition
 (times of the slowest rank), their median and spread.
@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,7 @@ DEFAULT_SIZES_BYTES = tuple(4096 * 4**i for i in range(7))   # 4 KiB ... 16 MiB
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "cpu" / "collectives.json"
 FORMAT = "memsim-collectives-1"
 MAX_REPETITIONS = 50
+GROUP_WARMUP = 5
 
 
 def _call(name: str, world: int, buffers: dict[str, torch.Tensor]) -> None:
@@ -57,8 +59,11 @@ def _worker(rank: int, world: int, store_path: str, sizes: Sequence[int], warmup
     torch.set_num_threads(1)
     if Path("/sys/class/net/lo").exists():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    warnings.filterwarnings("ignore", category=FutureWarning)   # torch 2.13 renames *_tensor collectives
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
+        for _ in range(GROUP_WARMUP):            # connection set-up happens on the first calls
+            dist.all_reduce(torch.ones(1024))
         times: dict[str, dict[str, list[float]]] = {}
         for name in COLLECTIVES:
             for size in sizes:

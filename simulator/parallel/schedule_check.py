@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 
 from simulator.errors import DeadlockError, ScheduleError
-from simulator.parallel.schedules import Action, Schedule, check_complete
+from simulator.parallel.schedules import SCHEDULE_NAMES, Action, Schedule, by_name, check_complete, read_actions
 
 
 @dataclass(frozen=True)
@@ -320,3 +321,38 @@ def execute_uniform(schedule: Schedule, f: float, b: float, w: float | None = No
         bubble_fraction=bubble[worst] / span if span > 0 else 0.0,
         idle_fraction=1.0 - top / iteration if iteration > 0 else 0.0,
         peak_in_flight=tuple(peaks), peak_activations=tuple(peak / v for peak in peaks))
+
+
+def load_schedule(spec: str, p: int, m: int, v: int = 1, key: str = "parallel.schedule") -> Schedule:
+    """The schedule a scenario names, checked against its plan and validated.
+
+    Args:
+        spec: a built-in name (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2) or a path to an action file.
+        p: pipeline ranks (parallel.pp); m: microbatches per iteration; v: parallel.virtual_stages.
+        key: the scenario key named in messages.
+
+    Raises:
+        ScheduleError, ScheduleDeadlock: one line `<key> = <spec>: <what is wrong>`.
+    """
+    path = os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else spec
+    try:
+        if not isinstance(path, str) or path in SCHEDULE_NAMES or not any(c in path for c in "/\\."):
+            schedule = by_name(path, p, m, v)
+        else:
+            schedule = read_actions(path, microbatches=m)
+            for what, found, wanted, plan_key in (("lines (ranks)", schedule.num_ranks, p, "parallel.pp"),
+                                                 ("stages per rank", schedule.virtual_stages, v,
+                                                  "parallel.virtual_stages")):
+                if found != wanted:
+                    raise ScheduleError(f"the file has {found} {what}, {plan_key} = {wanted}")
+        validate(schedule)
+    except ScheduleDeadlock as error:
+        raise ScheduleDeadlock(f"{key} = {path!r}: {error}", error.blocked) from None
+    except ScheduleError as error:
+        message = str(error)
+        for prefix in (f"{path}: ", f"schedule = {path!r}: "):
+            if message.startswith(prefix):
+                message = message[len(prefix):]
+        raise ScheduleError(f"{key} = {path!r}: {message}") from None
+    return schedule
+

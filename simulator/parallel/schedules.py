@@ -88,6 +88,10 @@ class Schedule:
     stage_ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ScheduleError(f"schedule name = {self.name!r}: must be a string")
+        if isinstance(self.stage_ranks, (str, bytes)) or not isinstance(self.stage_ranks, Iterable):
+            raise ScheduleError(f"schedule {self.name!r}: stage_ranks = {self.stage_ranks!r}: must be a list of ranks")
         for key in ("microbatches", "virtual_stages"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -264,9 +268,8 @@ def check_complete(schedule: Schedule, locate: Locator | None = None, source: st
             elif not has["B"] and not has["I"]:
                 missing = "B"
             if missing is not None:
-                needs = "F" if missing == "F" else "B, or I and W"
                 raise ScheduleError(f"{where}: {locate(rank, None)}: action {stage}{missing}{microbatch} missing: "
-                                    f"stage {stage} runs F then {needs} for every microbatch 0..{m - 1}")
+                                    f"stage {stage} runs F, then B or I and W, for every microbatch 0..{m - 1}")
 
 
 # ---- generators --------------------------------------------------------------------------------------
