@@ -77,6 +77,12 @@ def test_zb_h2_warms_up_with_2p_minus_2r_minus_1_forwards():
     assert schedule.split_backward and not one_f_one_b(4, 8).split_backward
 
 
+def test_built_in_names_are_the_scenario_schedules():
+    from simulator.parallel.schedules import SCHEDULE_NAMES
+    from simulator.scenario.schema import SCHEDULES
+    assert SCHEDULE_NAMES == SCHEDULES
+
+
 def test_by_name_and_its_errors():
     assert by_name("1f1b", 3, 4) == one_f_one_b(3, 4)
     assert by_name("interleaved-1f1b", 2, 4, 2) == interleaved_1f1b(2, 4, 2)

@@ -33,6 +33,7 @@ PROTOCOLS = ("ll", "ll128", "simple")
 # of 128); Simple: plain copies. NVLS: NCCL's nvlsEfficiency for Hopper (src/graph/tuning.cc, NCCL 2.20+).
 WIRE_EFFICIENCY = {"ll": 0.5, "ll128": 120 / 128, "simple": 1.0}
 NVLS_EFFICIENCY = 0.85
+REFERENCE_BYTES = 2**30   # size at which transfer_seconds_per_byte simulates a collective
 # NCCL's cap on LL throughput, GB/s of bus bandwidth (src/graph/tuning.cc llMaxBws): one node (Ampere and
 # Hopper rows) 87.7; two nodes 22.5, more 19.0 (AMD-host row, as DGX A100).
 LL_MAX_BUS_BYTES_PER_S = {1: 87.7e9, 2: 22.5e9, 4: 19.0e9}
@@ -295,6 +296,21 @@ def _nvls_phase(kind: str, topology: Topology, layout: _Layout, size_bytes: floa
     return flows
 
 
+def _resolve(topology: Topology, kind: str, members: tuple[int, ...], size_bytes: float, algorithm: str | None,
+             protocol: str | None) -> tuple[str, str]:
+    allowed = candidates(topology, kind, members)
+    if algorithm is None or protocol is None:
+        options = [pair for pair in allowed
+                   if (algorithm is None or pair[0] == algorithm) and (protocol is None or pair[1] == protocol)]
+        if options:
+            return _fastest(topology, kind, members, size_bytes, options)
+    if (algorithm, protocol) not in allowed:
+        raise TopologyError(f"{kind} on GPUs {list(members)} of {topology.name}: algorithm = {algorithm!r}, "
+                            f"protocol = {protocol!r} is not available; allowed: "
+                            + ", ".join(f"{a}/{p}" for a, p in allowed))
+    return algorithm, protocol
+
+
 def lower_collective(topology: Topology, kind: str, group: Sequence[int], size_bytes: float,
                      algorithm: str | None = None, protocol: str | None = None) -> CollectiveSchedule:
     """Lower a collective to phases of flows.
@@ -311,16 +327,7 @@ def lower_collective(topology: Topology, kind: str, group: Sequence[int], size_b
         The schedule; no phases for a single GPU or zero bytes.
     """
     members = _check(topology, kind, group, size_bytes)
-    allowed = candidates(topology, kind, members)
-    if algorithm is None or protocol is None:
-        options = [pair for pair in allowed
-                   if (algorithm is None or pair[0] == algorithm) and (protocol is None or pair[1] == protocol)]
-        if options:
-            algorithm, protocol = _fastest(topology, kind, members, size_bytes, options)
-    if (algorithm, protocol) not in allowed:
-        raise TopologyError(f"{kind} on GPUs {list(members)} of {topology.name}: algorithm = {algorithm!r}, "
-                            f"protocol = {protocol!r} is not available; allowed: "
-                            + ", ".join(f"{a}/{p}" for a, p in allowed))
+    algorithm, protocol = _resolve(topology, kind, members, size_bytes, algorithm, protocol)
     if len(members) == 1 or size_bytes == 0:
         return CollectiveSchedule(kind, members, size_bytes, algorithm, protocol, ())
     layout = _layout(topology, members)
@@ -368,22 +375,44 @@ def simulate_schedule(topology: Topology, schedule: CollectiveSchedule) -> float
     return network.now_s
 
 
+def transfer_seconds_per_byte(topology: Topology, kind: str, group: Sequence[int], algorithm: str,
+                              protocol: str) -> float:
+    """Seconds per byte of the bandwidth part of a collective, simulated once per topology and remembered.
+
+    Alone on the network, max-min rates do not depend on flow sizes, so every event time scales with the
+    size: time(size) = latency + size x this. The simulation runs at REFERENCE_BYTES on a FlowNetwork.
+    """
+    members = tuple(group)
+
+    def simulate() -> float:
+        schedule = lower_collective(topology, kind, members, REFERENCE_BYTES, algorithm, protocol)
+        bare = CollectiveSchedule(kind, members, REFERENCE_BYTES, algorithm, protocol,
+                                  tuple(Phase(phase.flows, 0.0) for phase in schedule.phases))
+        return simulate_schedule(topology, bare) / REFERENCE_BYTES
+
+    return topology.derived(("collective", kind, members, algorithm, protocol), simulate)
+
+
+def _time_s(topology: Topology, kind: str, members: tuple[int, ...], size_bytes: float, algorithm: str,
+            protocol: str) -> float:
+    if len(members) == 1 or size_bytes == 0:
+        return 0.0
+    return (latency_s(topology, kind, members, algorithm, protocol)
+            + size_bytes * transfer_seconds_per_byte(topology, kind, members, algorithm, protocol))
+
+
 def _fastest(topology: Topology, kind: str, group: tuple[int, ...], size_bytes: float,
              options: list[tuple[str, str]]) -> tuple[str, str]:
-    best: tuple[float, int] | None = None
-    for order, (algorithm, protocol) in enumerate(options):
-        schedule = lower_collective(topology, kind, group, size_bytes, algorithm, protocol)
-        key = (simulate_schedule(topology, schedule), order)
-        if best is None or key < best:
-            best = key
-    return options[best[1]]
+    times = [(_time_s(topology, kind, group, size_bytes, a, p), order) for order, (a, p) in enumerate(options)]
+    return options[min(times)[1]]
 
 
 def choose_algorithm(topology: Topology, kind: str, group: Sequence[int], size_bytes: float) -> tuple[str, str]:
     """Pick (algorithm, protocol) as NCCL does: the fastest candidate under the model (latency + bandwidth).
 
     NCCL estimates every algorithm/protocol pair from its latency and bandwidth tables and runs the fastest;
-    memsim does the same with its own model, simulating each candidate on the topology alone.
+    memsim does the same with its own model (NCCL's latencies, bandwidth simulated on the topology).
+    Ties go to the earlier candidate (ring before tree, LL before LL128 before Simple).
     """
     members = _check(topology, kind, group, size_bytes)
     return _fastest(topology, kind, members, size_bytes, candidates(topology, kind, members))
@@ -391,18 +420,30 @@ def choose_algorithm(topology: Topology, kind: str, group: Sequence[int], size_b
 
 def run_collective(topology: Topology, kind: str, group: Sequence[int], size_bytes: float,
                    algorithm: str | None = None, protocol: str | None = None) -> CollectiveResult:
-    """Simulate one collective alone on the topology; returns time and nccl-tests algorithm/bus bandwidth."""
-    schedule = lower_collective(topology, kind, group, size_bytes, algorithm, protocol)
-    time_s = simulate_schedule(topology, schedule)
+    """Simulate one collective alone on the topology; returns time and nccl-tests algorithm/bus bandwidth.
+
+    Args:
+        topology: the cluster.
+        kind: one of KINDS.
+        group: participating GPU ids.
+        size_bytes: size in nccl-tests' convention.
+        algorithm: force an algorithm (default: choose_algorithm).
+        protocol: force a protocol (default: the fastest available).
+
+    Returns:
+        The result; time 0.0 (and infinite bandwidth) for one GPU or zero bytes.
+    """
+    members = _check(topology, kind, group, size_bytes)
+    algorithm, protocol = _resolve(topology, kind, members, size_bytes, algorithm, protocol)
+    time_s = _time_s(topology, kind, members, size_bytes, algorithm, protocol)
     algbw = size_bytes / time_s if time_s > 0 else math.inf
-    n = len(schedule.group)
-    return CollectiveResult(kind, schedule.group, size_bytes, schedule.algorithm, schedule.protocol, time_s,
-                            algbw, algbw * bus_factor(kind, n))
+    return CollectiveResult(kind, members, size_bytes, algorithm, protocol, time_s,
+                            algbw, algbw * bus_factor(kind, len(members)))
 
 
 def collective_time_s(topology: Topology, kind: str, group: Sequence[int], size_bytes: float,
                       algorithm: str | None = None, protocol: str | None = None) -> float:
-    """Seconds one collective takes alone on the topology (simulated on FlowNetwork).
+    """Seconds one collective takes alone on the topology (bandwidth simulated on FlowNetwork, NCCL latency).
 
     Args:
         topology: the cluster.

@@ -12,12 +12,13 @@ Routes are computed once per (source, destination) and cached.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import heapq
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,6 +147,7 @@ class Topology:
     fabric: FabricSpec
     _index: _Server = field(init=False, repr=False, compare=False)
     _routes: dict = field(init=False, repr=False, compare=False)
+    _derived: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_fabric(self.fabric, self.server.path)
@@ -160,6 +162,13 @@ class Topology:
                                 f"at least the NICs per node ({len(index.nics)}) when rail_optimized = false")
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_routes", {})
+        object.__setattr__(self, "_derived", {})
+
+    def derived(self, key: tuple, compute: Callable[[], object]) -> object:
+        """A value computed from this topology alone, remembered under `key` (e.g. a collective's cost per byte)."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
 
     # ----- sizes and names -------------------------------------------------------------------------------------
     @property
@@ -462,12 +471,7 @@ def load_topology(name: str, *, nodes: int | None = None, oversubscription: floa
         kind = bool if key == "rail_optimized" else (int, float) if key == "oversubscription" else int
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             raise TopologyError(f"{path}: {key} = {value!r}: must be {'true or false' if kind is bool else 'a number'}")
-        fabric = _replace(fabric, key, value)
+        fabric = dataclasses.replace(fabric, **{key: float(value) if key == "oversubscription" else value})
     validate_fabric(fabric, str(path))
     return Topology(server, fabric.nodes, fabric)
 
-
-def _replace(fabric: FabricSpec, key: str, value: object) -> FabricSpec:
-    import dataclasses
-
-    return dataclasses.replace(fabric, **{key: float(value) if key == "oversubscription" else value})

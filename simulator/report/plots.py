@@ -14,7 +14,7 @@ from matplotlib.patches import Patch
 from simulator.io import atomic_write_bytes
 from simulator.trace.chrome import downsample_memory
 from simulator.trace.records import MemorySample, RankTrace, Trace
-from simulator.workload.graph import CATEGORIES
+from simulator.workload.graph import CATEGORIES, CATEGORY_LABELS
 
 MAX_PANELS = 16
 # Samples drawn per panel at most (min/max envelope kept, see downsample_memory).
@@ -28,14 +28,6 @@ _CATEGORY_COLORS = {
     "activations": "#C44E52",
     "communication_buffers": "#8172B3",
     "other": "#9C9C9C",
-}
-_CATEGORY_LABELS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_states": "optimizer states",
-    "activations": "activations",
-    "communication_buffers": "communication buffers",
-    "other": "other",
 }
 _RC = {
     "font.family": "DejaVu Sans",
@@ -187,7 +179,7 @@ def _draw_panel(ax, rank: RankTrace, trace: Trace, title: str, scale: float, uni
 
 
 def _legend_handles(with_oom: bool) -> list:
-    handles: list = [Patch(color=_CATEGORY_COLORS[c], alpha=0.85, label=_CATEGORY_LABELS[c])
+    handles: list = [Patch(color=_CATEGORY_COLORS[c], alpha=0.85, label=CATEGORY_LABELS[c])
                      for c in CATEGORIES]
     handles += [
         Line2D([], [], color="black", linewidth=1.0, label="allocated"),

@@ -10,21 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from simulator.units import format_bytes, format_seconds
-from simulator.workload.graph import CATEGORIES
+from simulator.workload.graph import CATEGORIES, CATEGORY_LABELS
 
 # Rows of the per-rank table before the rest is summarised in one line.
 MAX_RANK_ROWS = 32
 # Largest live tensors listed on OOM.
 MAX_LIVE_ROWS = 10
 _BAR_WIDTH = 30
-_CATEGORY_LABELS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_states": "optimizer states",
-    "activations": "activations",
-    "communication_buffers": "communication buffers",
-    "other": "other",
-}
 _TIME_ROWS = (
     ("forward_s", "forward"),
     ("backward_s", "backward"),
@@ -166,7 +158,7 @@ def _breakdown(report: dict, console: Console) -> None:
     for category in CATEGORIES:
         value = _number(breakdown.get(category)) or 0
         share = value / total if total > 0 else 0.0
-        table.add_row(_CATEGORY_LABELS[category], format_bytes(value), f"{100 * share:.1f}%",
+        table.add_row(CATEGORY_LABELS[category], format_bytes(value), f"{100 * share:.1f}%",
                       Text("█" * int(round(share * _BAR_WIDTH)), style="cyan"))
     table.add_row(Text("total", style="bold"), Text(format_bytes(total), style="bold"), "100.0%"
                   if total > 0 else "—", "")

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from simulator.errors import ScenarioError
+from simulator.scenario.schema import short_repr
 
 # Defaults of the transformers configuration classes, used for keys a config.json leaves out
 # (save_pretrained writes only values that differ from the class defaults). Sources:
@@ -74,14 +75,6 @@ _ARCHITECTURE = MappingProxyType({"llama": "llama", "gpt2": "gpt", "bert": "bert
 def supported_model_types() -> tuple[str, ...]:
     """The Hugging Face `model_type` values memsim imports."""
     return tuple(sorted(_FIELD_MAPS))
-
-
-def _short(value: object) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int too long for str() (sys.int_info.default_max_str_digits)
-        text = f"<{type(value).__name__} too large to print>"
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _is_int(value: object) -> bool:
@@ -159,7 +152,7 @@ def model_config_from_hf(path: str | os.PathLike) -> dict[str, object]:
     file = _resolve_path(path)
     model_type = doc.get("model_type")
     if not isinstance(model_type, str) or model_type not in _FIELD_MAPS:
-        raise ScenarioError(f"{file}: model_type = {_short(model_type)}: unsupported "
+        raise ScenarioError(f"{file}: model_type = {short_repr(model_type)}: unsupported "
                             f"(supported: {', '.join(supported_model_types())})")
     defaults = _HF_DEFAULTS[model_type]
     values: dict[str, object] = {"architecture": _ARCHITECTURE[model_type]}
@@ -168,7 +161,7 @@ def model_config_from_hf(path: str | os.PathLike) -> dict[str, object]:
         if value is None:
             continue  # n_inner / num_key_value_heads: None means the architecture default
         if not _checker(kind)(value):
-            raise ScenarioError(f"{file}: {hf_key} = {_short(value)}: must be {_KIND_TEXT[kind]}")
+            raise ScenarioError(f"{file}: {hf_key} = {short_repr(value)}: must be {_KIND_TEXT[kind]}")
         values[field] = float(value) if kind == "float" else value
     if model_type == "vit":
         values["num_classes"] = _vit_num_classes(doc, file)
@@ -184,5 +177,5 @@ def _vit_num_classes(doc: dict, file: str) -> int:
     if num_labels is None:
         return 1000
     if isinstance(num_labels, bool) or not isinstance(num_labels, int):
-        raise ScenarioError(f"{file}: num_labels = {_short(num_labels)}: must be an integer")
+        raise ScenarioError(f"{file}: num_labels = {short_repr(num_labels)}: must be an integer")
     return num_labels

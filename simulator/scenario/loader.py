@@ -13,7 +13,7 @@ from simulator.scenario.hf_config import model_config_from_hf
 from simulator.scenario.presets import ALIASES, PRESETS, canonical_preset_name, list_presets, preset_values
 from simulator.scenario.schema import (
     ARCH_DEFAULTS, ARCH_ONLY_KEYS, SECTIONS, AllocatorConfig, ClusterConfig, Invalid, ModelConfig,
-    ParallelConfig, RunConfig, Scenario, TrainingConfig, did_you_mean, key_names, key_spec,
+    ParallelConfig, RunConfig, Scenario, TrainingConfig, did_you_mean, key_names, key_spec, short_repr,
 )
 
 
@@ -28,21 +28,13 @@ def _context(source: str) -> _Context:
     return _Context(source, base)
 
 
-def _short(value: object) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int too long for str() (sys.int_info.default_max_str_digits)
-        text = f"<{type(value).__name__} too large to print>"
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
 def key_error(source: str, key_path: str, value: object, allowed: str) -> ScenarioError:
     """The one-line ScenarioError `<source>: <key.path> = <value!r>: <what is allowed>`."""
-    return ScenarioError(_one_line(f"{source}: {key_path} = {_short(value)}: {allowed}"))
+    return ScenarioError(_one_line(f"{source}: {key_path} = {short_repr(value)}: {allowed}"))
 
 
 def read_scenario_document(path: str | os.PathLike) -> dict:
@@ -91,7 +83,7 @@ def _override_target(item: str, key_path: str, source: str) -> tuple[str | None,
     if len(parts) == 2 and parts[0] in SECTIONS and parts[1] in key_names(parts[0]):
         return parts[0], parts[1]
     hint = did_you_mean(key_path.strip(), known) or " (expected section.key, e.g. parallel.tp)"
-    raise ScenarioError(_one_line(f"{source}: --set {_short(item)}: unknown key path {key_path.strip()!r}{hint}"))
+    raise ScenarioError(_one_line(f"{source}: --set {short_repr(item)}: unknown key path {key_path.strip()!r}{hint}"))
 
 
 def apply_overrides(doc: Mapping, overrides: Sequence[str], source: str = "<dict>") -> dict:
@@ -107,7 +99,7 @@ def apply_overrides(doc: Mapping, overrides: Sequence[str], source: str = "<dict
         overrides = (overrides,)
     for item in overrides:
         if not isinstance(item, str) or "=" not in item:
-            raise ScenarioError(_one_line(f"{source}: --set {_short(item)}: expected KEY=VALUE, e.g. parallel.tp=4"))
+            raise ScenarioError(_one_line(f"{source}: --set {short_repr(item)}: expected KEY=VALUE, e.g. parallel.tp=4"))
         key_path, _, text = item.partition("=")
         section, key = _override_target(item, key_path, source)
         value = parse_override_value(text)
@@ -194,7 +186,7 @@ def _parse_table(table: Mapping, section: str | None, ctx: _Context) -> dict[str
     parsed: dict[str, object] = {}
     for key, value in table.items():
         if not isinstance(key, str):
-            raise key_error(ctx.source, f"{prefix}{_short(key)}", value, "keys must be strings")
+            raise key_error(ctx.source, f"{prefix}{short_repr(key)}", value, "keys must be strings")
         if key not in allowed:
             where = "at the top level" if section is None else f"in [{section}]"
             hint = did_you_mean(key, allowed) or f" (allowed: {', '.join(allowed)})"

@@ -26,6 +26,15 @@ SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run")
 MAX_INT = 2**63 - 1  # largest count or size accepted (int64, what numpy and torch can hold)
 MIN_MAX_SPLIT_SIZE_BYTES = 20 * 2**20  # kLargeBuffer: torch rejects a smaller max_split_size_mb
 
+
+def short_repr(value: object) -> str:
+    """repr() for error messages: at most 120 characters, safe for ints too long to print."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for str() (sys.int_info.default_max_str_digits)
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= 120 else text[:117] + "..."
+
 # Architecture-style defaults (HF GPT-2 / LLaMA-2 / BERT / ViT configurations).
 ARCH_DEFAULTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
     "gpt": MappingProxyType({"activation": "gelu", "norm": "layernorm", "norm_eps": 1e-5, "bias": True,

@@ -12,6 +12,7 @@ ACTIVATIONS = "activations"
 COMMUNICATION_BUFFERS = "communication_buffers"
 OTHER = "other"
 CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATES, ACTIVATIONS, COMMUNICATION_BUFFERS, OTHER)
+CATEGORY_LABELS = {name: name.replace("_", " ") for name in CATEGORIES}   # for people: "optimizer states"
 
 # Bytes per element of the dtypes memsim knows.
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "uint8": 1, "bool": 1, "int64": 8, "int32": 4}
