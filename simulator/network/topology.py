@@ -199,7 +199,7 @@ class Topology:
     @property
     def resource_count(self) -> int:
         """Number of resources (capacity-carrying link directions or shared links)."""
-        return self._fabric_base + 2 * self.nodes * self.rails + 2 * self.leaves * self._spines
+        return self._fabric_base + self._nic_resources + 2 * self.leaves * self._spines
 
     def gpu_name(self, gpu: int) -> str:
         """Graph node name of GPU id `gpu`, e.g. "n1/gpu3"."""
@@ -228,6 +228,10 @@ class Topology:
     @property
     def _fabric_base(self) -> int:
         return self.nodes * self._local_resources
+
+    @property
+    def _nic_resources(self) -> int:
+        return 2 * self.nodes * self.rails if self.nodes > 1 else 0
 
     @property
     def _spines(self) -> int:
@@ -261,7 +265,7 @@ class Topology:
             raise TopologyError(f"topology {self.name}: resource {resource} out of range 0..{self.resource_count - 1}")
         if resource < self._fabric_base:
             return self._index.capacities[resource % self._local_resources]
-        if resource < self._fabric_base + 2 * self.nodes * self.rails:
+        if resource < self._fabric_base + self._nic_resources:
             return self.server.link(self.fabric.link).bytes_per_s
         return self.uplink_bytes_per_s
 
