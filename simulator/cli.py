@@ -17,6 +17,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="memsim: simulate deep-learning training memory and time on GPU clusters.")
 
 
+def _register_subcommands() -> None:
+    from simulator.cli_topo import topo_app
+
+    app.add_typer(topo_app, name="topo")
+
+
+_register_subcommands()
+
+
 def _fail(message: str) -> None:
     sys.stderr.write(f"memsim: error: {message}\n")
     raise typer.Exit(2)

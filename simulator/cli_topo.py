@@ -5,14 +5,18 @@ from __future__ import annotations
 import io
 import math
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from simulator.errors import MemsimError
+
+if TYPE_CHECKING:
+    from simulator.network.topology import Topology
 
 topo_app = typer.Typer(add_completion=False, no_args_is_help=True,
                        help="Cluster topologies: list them, show their structure and bandwidths, draw them.")
@@ -47,18 +51,14 @@ def _console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=120)
 
 
-def pair_class(topology, a: int, b: int) -> str:
+def pair_class(topology: Topology, a: int, b: int) -> str:
     """The class of GPU pair (a, b): which kinds of element its route crosses (see _PAIR_CLASSES)."""
-    route = topology.route(a, b)
-    graph_kind = _kind_of(topology)
-    kinds = [graph_kind(node) for node in route.nodes[1:-1]]
-    for label, test in _PAIR_CLASSES:
-        if test(kinds):
-            return label
-    raise AssertionError("unreachable: the last class accepts every route")
+    kind = _kind_of(topology)
+    kinds = [kind(node) for node in topology.route(a, b).nodes[1:-1]]
+    return next(label for label, test in _PAIR_CLASSES if test(kinds))
 
 
-def _kind_of(topology):
+def _kind_of(topology: Topology) -> Callable[[str], str]:
     names = {c.name: c.kind for c in topology.server.components}
 
     def kind(node: str) -> str:
@@ -66,35 +66,35 @@ def _kind_of(topology):
             return "leaf"
         if node.startswith("spine"):
             return "spine"
-        local = node.split("/", 1)[1]
-        return names.get(local, "gpu")
+        return names.get(node.split("/", 1)[1], "gpu")
 
     return kind
 
 
-def representative_pairs(topology) -> dict[str, tuple[int, int]]:
-    """One example GPU pair per class, searching server 0, then pairs from server 0 to the other servers."""
+def representative_pairs(topology: Topology) -> dict[str, tuple[int, int]]:
+    """One example GPU pair per class: pairs inside server 0, then from server 0 to servers 1, 2, ... until both
+    inter-server classes are found."""
     found: dict[str, tuple[int, int]] = {}
     per = topology.gpus_per_node
-    candidates = [(a, b) for a in range(per) for b in range(per) if a != b]
-    for node in range(1, topology.nodes):
-        candidates.extend((a, node * per + b) for a in range(per) for b in range(per))
-        if len(found) == len(_PAIR_CLASSES):
-            break
-        for a, b in candidates:
+
+    def scan(pairs: Iterable[tuple[int, int]]) -> None:
+        for a, b in pairs:
             found.setdefault(pair_class(topology, a, b), (a, b))
-        candidates = []
-    for a, b in candidates:
-        found.setdefault(pair_class(topology, a, b), (a, b))
-    order = [label for label, _ in _PAIR_CLASSES]
-    return {label: found[label] for label in order if label in found}
+
+    scan((a, b) for a in range(per) for b in range(per) if a != b)
+    inter = {"across nodes, through the spine", "across nodes, same leaf switch"}
+    for node in range(1, topology.nodes):
+        if inter <= found.keys():
+            break
+        scan((a, node * per + b) for a in range(per) for b in range(per))
+    return {label: found[label] for label, _ in _PAIR_CLASSES if label in found}
 
 
 def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e9:,.1f} GB/s"
 
 
-def render_topology(topology, console: Console) -> None:
+def render_topology(topology: Topology, console: Console) -> None:
     """Print structure, GPU-pair bandwidth classes and the all_reduce bus bandwidth at 1 GiB."""
     from simulator.network.collectives import run_collective
     from simulator.units import format_seconds
@@ -143,7 +143,7 @@ def render_topology(topology, console: Console) -> None:
     console.print(collectives)
 
 
-def draw_topology(topology, path: Path) -> None:
+def draw_topology(topology: Topology, path: Path) -> None:
     """Draw the graph (first servers, their leaves, the spines) to a PNG, deterministically and atomically."""
     import matplotlib
     from matplotlib.figure import Figure
@@ -173,7 +173,7 @@ def draw_topology(topology, path: Path) -> None:
     for i, spine in enumerate(spines):
         positions[spine] = ((i + 0.5) * total / len(spines), _KIND_STYLE["spine"][2])
     with matplotlib.rc_context({"font.family": "DejaVu Sans", "font.size": 8, "svg.hashsalt": "memsim"}):
-        figure = Figure(figsize=(min(4 + total * 0.9, 40), 6.5), dpi=100)
+        figure = Figure(figsize=(min(4 + total * 0.9, 40), 6.5), dpi=90)
         axes = figure.add_subplot(1, 1, 1)
         seen: set[tuple[str, str]] = set()
         for u, v, data in graph.edges(data=True):
@@ -189,14 +189,19 @@ def draw_topology(topology, path: Path) -> None:
             axes.scatter([x], [y], marker=marker, s=140, color=color, edgecolors="black", linewidths=0.5, zorder=2)
             label = node.split("/", 1)[1] if "/" in node else node
             axes.annotate(label, (x, y), textcoords="offset points", xytext=(0, -13), ha="center", fontsize=6)
-        for node in range(servers):
-            axes.text(node * (width + 2) + width / 2, 4.1, f"node {node}", ha="center", fontsize=9, weight="bold")
+        low = min(y for _, y in positions.values())
+        high = max(y for _, y in positions.values())
+        if topology.nodes > 1:
+            for node in range(servers):
+                axes.text(node * (width + 2) + width / 2, low - 0.8, f"node {node}", ha="center", fontsize=9,
+                          weight="bold")
+        axes.set_ylim(low - 1.2, high + 0.6)
         handles = [Line2D([0], [0], color=color, linewidth=2, label=name) for name, color in _CLASS_COLOR.items()]
         axes.legend(handles=handles, loc="upper right", fontsize=7, frameon=False)
         shown = f" (first {servers} of {topology.nodes} nodes)" if servers < topology.nodes else ""
         axes.set_title(f"{topology.name}: {topology.num_gpus} x {topology.gpu_device.name}{shown}")
         axes.set_axis_off()
-        figure.tight_layout()
+        figure.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=0.93)
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", metadata={"Software": None})
     atomic_write_bytes(path, buffer.getvalue())

@@ -34,8 +34,8 @@ def _fail(message: str) -> None:
 @validate_app.command("capture")
 def capture_command(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    configs: Annotated[Optional[Path], typer.Option("--configs", help="Configurations TOML "
-                                                    "(default validation/configs/cpu_memory.toml).")] = None,
+    configs: Annotated[Optional[Path], typer.Option("--configs", help="Configurations TOML (default: "
+                                                    "validation/configs/cpu_memory.toml, cuda: validation/cuda/configs.toml).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default validation/data/<device>).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Capture only this configuration.")] = None,
     repetitions: Annotated[int, typer.Option("--repetitions", help="Timed steps per configuration.")] = 7,
@@ -43,12 +43,12 @@ def capture_command(
 ) -> None:
     """Run real torch training steps of each configuration and store time, op profile, memory and environment."""
     try:
-        from validation.capture import DEFAULT_CONFIGS, Protocol, capture
+        from validation.capture import Protocol, capture
     except ImportError as error:
         _fail(f"capture needs torch (pip install 'memsim[validation]'): {error}")
         return
     try:
-        written = capture(device, configs or DEFAULT_CONFIGS, out, only or [], Protocol(repetitions=repetitions),
+        written = capture(device, configs, out, only or [], Protocol(repetitions=repetitions),
                           memory, progress=lambda line: typer.echo(line, err=True))
     except MemsimError as error:
         _fail(str(error))
@@ -61,6 +61,8 @@ def compare_command(
     data: Annotated[Path, typer.Argument(help="Capture folder, e.g. validation/data/cpu.")],
     calibration: Annotated[Optional[Path], typer.Option("--calibration", help="Calibration file to evaluate too.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write a PNG timeline per run and report.json.")] = None,
+    repeat: Annotated[Optional[Path], typer.Option("--repeat", help="A second capture of the same "
+                                                   "configurations: report the run-to-run noise.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Predict every captured run with default, held-out calibrated and file parameters; print the errors."""
@@ -69,7 +71,7 @@ def compare_command(
     from validation.compare import compare, format_report, report_dict
 
     try:
-        report = compare(data, calibration, out)
+        report = compare(data, calibration, out, repeat)
     except MemsimError as error:
         _fail(str(error))
         return

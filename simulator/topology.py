@@ -148,7 +148,10 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
     calibration = None
     if scenario.cluster.calibration is not None:
         calibration = read_calibration(scenario.cluster.calibration)
-        device = apply_calibration(device, calibration)
+        try:
+            device = apply_calibration(device, calibration)
+        except TopologyError as error:
+            raise TopologyError(f"{scenario.source}: cluster.calibration: {error}") from None
     if scenario.cluster.nodes != 1:
         raise TopologyError(f"{scenario.source}: cluster.nodes = {scenario.cluster.nodes}: a single "
                             f"device topology has exactly one node")

@@ -54,7 +54,9 @@ def test_cuda_without_gpu_is_a_clear_error(tmp_path):
         capture("cpu", CONFIGS, tmp_path, ["nope"])
 
 
+@pytest.mark.slow
 def test_gloo_collectives_two_processes():
+    """Spawns two processes that import torch (about 10 s on a 2-core machine)."""
     document = measure_collectives((2,), (4096,), warmup=0, repetitions=2)
     rows = document["results"]
     assert [r["collective"] for r in rows] == ["all_reduce", "all_gather", "reduce_scatter"]

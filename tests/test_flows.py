@@ -1,4 +1,4 @@
-"""FlowNetwork and max-min fairness: exact small cases and hypothesis properties (capacity, bottlenecks, determinism)."""
+"""FlowNetwork and max-min fairness: exact small cases; hypothesis properties (capacity, bottlenecks, determinism)."""
 
 from __future__ import annotations
 

@@ -392,7 +392,8 @@ def calibration_toml(calibration: Calibration) -> str:
     lines = ["# Written by `memsim calibrate`; apply with [cluster] calibration = \"<this file>\".",
              f"format = {_toml_value(CALIBRATION_FORMAT)}", f"device = {_toml_value(device.name)}",
              f"device_name = {_toml_value(ds.device_name)}", f"torch_version = {_toml_value(ds.torch_version)}",
-             f"clock = {_toml_value(ds.clock)}", f"data = {_toml_value(list(ds.files))}",
+             f"clock = {_toml_value(ds.clock)}", f"data_dir = {_toml_value(str(ds.root))}",
+             f"data = {_toml_value(list(ds.files))}",
              f"bootstrap = {calibration.bootstrap}", f"seed = {calibration.seed}",
              f"notes = {_toml_value(list(calibration.notes))}", "", "[fields]"]
     for key, value in fields.items():

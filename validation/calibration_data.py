@@ -33,8 +33,10 @@ _TORCH_DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16"}
 _ITEMSIZE = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "bool": 1,
              "unsigned char": 1, "signed char": 1, "short int": 2}
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-ATTENTION_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu": 1.0,
-                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 2.5}
+# Fused attention kernels (CPU flash; CUDA flash, memory-efficient, cuDNN): FLOP multiple of the forward.
+ATTENTION_OPS = {f"aten::_scaled_dot_product_{kind}": 1.0 for kind in (
+    "flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention")}
+ATTENTION_OPS.update({f"{name}_backward": 2.5 for name in tuple(ATTENTION_OPS)})
 # aten ops that stream their operands once (elementwise, copies, norms, softmax, optimizer updates).
 MEMORY_OPS = frozenset(f"aten::{n}" for n in (
     "add", "sub", "mul", "div", "neg", "gelu", "gelu_backward", "silu", "silu_backward", "pow", "rsqrt", "sqrt",
@@ -122,7 +124,7 @@ def _tensor_bytes(shapes: Sequence, dtypes: Sequence) -> list[int]:
 def op_rows(document: Mapping[str, object], device: DeviceSpec) -> OpRows:
     """The profiler rows of one timing document that the roofline describes (minimum self time per call).
 
-    GEMMs: flops 2mnk x batch, bytes = operands + output. CPU flash attention: 4 b h s^2 d / 2 (causal)
+    GEMMs: flops 2mnk x batch, bytes = operands + output. Fused attention: 4 b h s^2 d / 2 (causal)
     forward, 2.5 times that backward. Memory-bound ops: bytes = tensor inputs + an output as large as the
     largest input (in-place ops and copy_ write their first input). Each row's weight is
     sqrt(its share of the document's modelled time per step), so every configuration weighs the same and,

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import platform
@@ -41,7 +42,7 @@ __all__ = ["DEVICES", "DEFAULT_CONFIGS", "DATA_ROOT", "Protocol", "capture", "ca
 
 _HERE = Path(__file__).resolve().parent
 DEVICES = ("cpu", "cuda")
-DEFAULT_CONFIGS = measure_memory.DEFAULT_CONFIGS
+DEFAULT_CONFIGS = {"cpu": measure_memory.DEFAULT_CONFIGS, "cuda": _HERE / "cuda" / "configs.toml"}
 DATA_ROOT = _HERE / "data"
 SEED = 0
 OP_COLUMNS = ("name", "input_shapes", "input_layouts", "input_dtypes", "calls_per_step", "median_us", "min_us")
@@ -139,21 +140,28 @@ def _cuda_train_step(model, optimizer, idx, targets, training_spec, on_phase: Ca
 
 
 class _PhaseClock:
-    """Wall and process-CPU timestamps at each phase change of one step (CUDA: synchronize first)."""
+    """Timestamps at each phase change of one step: wall and process CPU time; on CUDA also a CUDA event
+    (recorded on the stream, no synchronization, so the timed step runs as it would untimed)."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
-        self.marks: list[tuple[str, float, float]] = []
+        self.marks: list[tuple[str, float, float, object]] = []
 
     def __call__(self, phase: str) -> None:
+        event = None
         if self.cuda:
-            torch.cuda.synchronize()
-        self.marks.append((phase, time.perf_counter(), time.process_time()))
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.marks.append((phase, time.perf_counter(), time.process_time(), event))
 
-    def phase_times(self, end_wall_s: float, end_cpu_s: float) -> dict[str, tuple[float, float]]:
-        """(wall, cpu) seconds of each phase."""
-        marks = [*self.marks, ("end", end_wall_s, end_cpu_s)]
-        return {a[0]: (b[1] - a[1], b[2] - a[2]) for a, b in zip(marks, marks[1:])}
+    def phase_times(self, end_wall_s: float, end_cpu_s: float, end_event: object = None) -> dict[str, tuple[float, float]]:
+        """(wall or CUDA-event seconds, process CPU seconds) of each phase; call after the step finished."""
+        marks = [*self.marks, ("end", end_wall_s, end_cpu_s, end_event)]
+        times = {}
+        for a, b in zip(marks, marks[1:]):
+            wall = a[3].elapsed_time(b[3]) / 1e3 if a[3] is not None and b[3] is not None else b[1] - a[1]
+            times[a[0]] = (wall, b[2] - a[2])
+        return times
 
 
 def _device_context(device: str):
@@ -221,7 +229,10 @@ def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> 
             layouts = [_layout(shape, stride) for shape, stride in zip(shapes, strides + [None] * len(shapes))]
             key = (event.name, json.dumps(shapes, separators=(",", ":")), ",".join(layouts),
                    json.dumps(list(getattr(event, "input_dtypes", None) or []), separators=(",", ":")))
-            us = float(event.self_cpu_time_total)
+            # On CUDA an op's time is that of the kernels it launched (self device time), not its host time.
+            us = float(event.self_device_time_total if cuda else event.self_cpu_time_total)
+            if cuda and us <= 0:
+                continue
             per_call.setdefault(key, []).append(us)
             by_name[event.name] = by_name.get(event.name, 0.0) + us
     n = max(len(steps), 1)
@@ -232,8 +243,9 @@ def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> 
     rows.sort(key=lambda r: (-r[4] * r[5], r[0], json.dumps(r[1]), r[2]))
     summary: dict[str, object] = {
         "columns": list(OP_COLUMNS),
-        "note": "self time per call in microseconds (wall clock, profiler on); calls_per_step averaged over "
-                "the profiled steps; input_layouts per input: c contiguous, t transposed, x other strides",
+        "note": ("self device time (kernels the op launched)" if cuda else "self CPU time (wall clock)")
+                + " per call in microseconds, profiler on; calls_per_step averaged over the profiled steps; "
+                  "input_layouts per input: c contiguous, t transposed, x other strides",
         "rows": rows,
         "self_us_per_step_by_name": {k: round(v / n, 3) for k, v in sorted(by_name.items(), key=lambda i: -i[1])},
     }
@@ -257,6 +269,8 @@ def capture_one(name: str, config: Mapping[str, Mapping[str, object]], device: s
     _check_device(device)
     model_spec, training_spec = parse_model(config["model"]), parse_training(config["training"])
     cuda = device == "cuda"
+    if cuda:
+        _release_cuda_cache()
     step = _cuda_train_step if cuda else train_step
     with _device_context(device):
         torch.manual_seed(SEED)
@@ -284,7 +298,7 @@ def capture_one(name: str, config: Mapping[str, Mapping[str, object]], device: s
             w1, c1 = time.perf_counter(), time.process_time()
             wall.append(w1 - w0)
             cpu.append(c1 - c0)
-            for phase, (pw, pc) in clock.phase_times(w1, c1).items():
+            for phase, (pw, pc) in clock.phase_times(w1, c1, end_event if cuda else None).items():
                 phases[phase]["wall_s"].append(pw)
                 phases[phase]["cpu_s"].append(pc)
         profiled, profiled_wall = [], []
@@ -300,6 +314,7 @@ def capture_one(name: str, config: Mapping[str, Mapping[str, object]], device: s
             profiled.append(list(prof.events()))
     iteration: dict[str, object] = {
         "wall_s": wall, "cpu_s": cpu, "wall": _spread(wall), "cpu": _spread(cpu),
+        # Per phase: wall clock on CPU, CUDA-event time on CUDA ("wall_median_s"), process CPU time.
         "phases": {p: {"wall_median_s": statistics.median(v["wall_s"]), "cpu_median_s": statistics.median(v["cpu_s"])}
                    for p, v in phases.items() if v["wall_s"]},
     }
@@ -343,6 +358,7 @@ def cuda_memory_capture(name: str, config: Mapping[str, Mapping[str, object]],
     """
     _check_device("cuda")
     model_spec, training_spec = parse_model(config["model"]), parse_training(config["training"])
+    _release_cuda_cache()   # reserved memory must start from this configuration alone
     with torch.device("cuda"):
         torch.manual_seed(SEED)
         model = build_model(model_spec, training_spec)
@@ -393,6 +409,14 @@ def cuda_memory_capture(name: str, config: Mapping[str, Mapping[str, object]],
     }
 
 
+def _release_cuda_cache() -> None:
+    """Free what earlier configurations left in the caching allocator and reset its peak statistics."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
 def _device_trace(snapshot: Mapping[str, object]) -> list[dict]:
     traces = snapshot.get("device_traces", [])
     return list(traces[0]) if traces else []
@@ -437,14 +461,14 @@ def _compact_rows(document: dict[str, object]) -> str:
     return text + "\n"
 
 
-def capture(device: str, configs: Path = DEFAULT_CONFIGS, out_dir: Path | None = None,
+def capture(device: str, configs: Path | None = None, out_dir: Path | None = None,
             only: Sequence[str] = (), protocol: Protocol = Protocol(), memory: bool = True,
             progress: Callable[[str], None] | None = None) -> list[Path]:
     """Capture every selected configuration of ``configs`` on ``device`` into ``out_dir``.
 
     Args:
         device: "cpu" or "cuda".
-        configs: configurations TOML (validation.measure_memory format).
+        configs: configurations TOML (validation.measure_memory format); default DEFAULT_CONFIGS[device].
         out_dir: output root (default validation/data/<device>); timing files go to <out_dir>/timing/.
         only: configuration names to capture (default all).
         protocol: warm-up, repetitions, profiled steps, CPU threads.
@@ -459,8 +483,9 @@ def capture(device: str, configs: Path = DEFAULT_CONFIGS, out_dir: Path | None =
         ScenarioError: an unknown name in ``only`` or an invalid configuration.
     """
     _check_device(device)
+    configs = Path(configs) if configs is not None else DEFAULT_CONFIGS[device]
     out = Path(out_dir) if out_dir is not None else DATA_ROOT / device
-    table = measure_memory.load_configs(Path(configs))
+    table = measure_memory.load_configs(configs)
     unknown = [n for n in only if n not in table]
     if unknown:
         raise ScenarioError(f"--only {unknown[0]} is not a configuration in {configs}; allowed: {', '.join(table)}")
@@ -468,7 +493,7 @@ def capture(device: str, configs: Path = DEFAULT_CONFIGS, out_dir: Path | None =
     torch.set_num_threads(protocol.threads)
     written: list[Path] = []
     if memory and device == "cpu":
-        measure_memory.run(Path(configs), out / "memory", names, protocol.threads)
+        measure_memory.run(configs, out / "memory", names, protocol.threads)
         written.extend(out / "memory" / f"{n}.json" for n in names)
     for name in names:
         document = capture_one(name, table[name], device, protocol)
@@ -490,7 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (2 on bad input)."""
     parser = argparse.ArgumentParser(prog="python -m validation.capture", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--configs", type=Path, default=DEFAULT_CONFIGS, help="configurations TOML file")
+    parser.add_argument("--configs", type=Path, default=None,
+                        help="configurations TOML file (default: validation/configs/cpu_memory.toml on cpu, "
+                             "validation/cuda/configs.toml on cuda)")
     parser.add_argument("--out", type=Path, default=None, help="output root (default validation/data/<device>)")
     parser.add_argument("--only", action="append", default=[], help="capture only this configuration (repeatable)")
     parser.add_argument("--repetitions", type=int, default=Protocol.repetitions, help="timed steps")

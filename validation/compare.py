@@ -43,8 +43,8 @@ from validation.calibration_data import (
 )
 from validation.memory_comparison import scenario_document
 
-__all__ = ["RunComparison", "CollectiveComparison", "ComparisonReport", "compare", "timeline_error",
-           "measured_curve", "predicted_curve", "format_report", "main"]
+__all__ = ["RunComparison", "CollectiveComparison", "ComparisonReport", "compare", "repeat_noise", "timeline_error",
+           "measured_curve", "predicted_curve", "format_report", "report_dict", "main"]
 
 SEGMENTS = ("forward", "backward", "optimizer")
 _SEGMENT_OF = {"forward": "forward", "recompute": "backward", "backward": "backward", "optimizer": "optimizer",
@@ -143,7 +143,7 @@ def measured_curve(document: Mapping[str, object]) -> Curve:
     if document.get("format") == "memsim-cuda-memory-1":
         actions = document["trace"]["actions"]
         starts = sorted(document.get("phase_starts", {}).items(), key=lambda item: item[1])
-        events = []
+        events = [("setup", float(document["results"]["before_step"]["allocated_bytes"]))]
         for position, (action, size, _addr) in enumerate(document["trace"]["rows"]):
             phase = "setup"
             for name, start in starts:
@@ -349,18 +349,34 @@ def _collectives(dataset: Dataset, calibration: Path | None) -> tuple[Collective
     return tuple(rows)
 
 
+def repeat_noise(data_dir: str | Path, repeat_dir: str | Path) -> tuple[tuple[str, float, float], ...]:
+    """(name, median here, median in the repeat) for every configuration both folders captured (seconds).
+
+    Two captures of the same configurations with the same code measure the machine's run-to-run noise.
+
+    Raises:
+        DataError: a folder is missing or corrupt, or the two come from different torch versions or devices.
+    """
+    first, second = load_dataset(data_dir), load_dataset(repeat_dir)
+    check_same_capture(Path(repeat_dir), {"torch_version": second.torch_version, "device": second.device},
+                       {"torch_version": first.torch_version, "device": first.device}, str(data_dir))
+    return tuple((n, first.iteration_s[n], second.iteration_s[n]) for n in first.names if n in second.iteration_s)
+
+
 def _median_abs(values: Sequence[float | None]) -> float | None:
     present = [abs(v) for v in values if v is not None and math.isfinite(v)]
     return statistics.median(present) if present else None
 
 
-def compare(data_dir: str | Path, calibration: str | Path | None = None, out_dir: str | Path | None = None) -> ComparisonReport:
+def compare(data_dir: str | Path, calibration: str | Path | None = None, out_dir: str | Path | None = None,
+            repeat: str | Path | None = None) -> ComparisonReport:
     """Compare memsim with every captured run of a capture folder.
 
     Args:
         data_dir: capture folder (memory/, timing/, collectives.json; memory alone is enough).
         calibration: a calibration file to evaluate as well (in-sample if fitted on this data).
         out_dir: write one PNG per memory capture (measured and predicted timelines) and report.json here.
+        repeat: a second capture of the same configurations: adds the run-to-run difference of the medians.
 
     Raises:
         DataError: missing or corrupt data, captures from different torch versions or devices, a calibration
@@ -385,6 +401,11 @@ def compare(data_dir: str | Path, calibration: str | Path | None = None, out_dir
     runs = tuple(RunComparison(name, **memory.get(name, {}), **times.get(name, {})) for name in names)
     collectives = _collectives(dataset, calibration_path) if dataset is not None else ()
     summary = _summary(runs, collectives)
+    if repeat is not None:
+        pairs = repeat_noise(root, repeat)
+        summary["repeat_configurations"] = len(pairs)
+        summary["median_abs_run_to_run_difference"] = _median_abs([b / a - 1 for _, a, b in pairs])
+        summary["max_abs_run_to_run_difference"] = max((abs(b / a - 1) for _, a, b in pairs), default=None)
     report = ComparisonReport(str(root), dataset.device if dataset else "cpu", dataset.clock if dataset else "",
                               runs, collectives, summary,
                               tuple(str(plots / f"{n}.png") for n in memory) if plots else ())
@@ -454,7 +475,9 @@ def format_report(report: ComparisonReport) -> str:
                          f"{_pct(error(c.file_s, c.measured_s))}")
     lines += ["", "summary:"]
     for key, value in report.summary.items():
-        if value is not None:
+        if isinstance(value, int):
+            lines.append(f"  {key:40s} {value:8d}")
+        elif value is not None:
             lines.append(f"  {key:40s} {100 * value:8.2f}%")
     return "\n".join(lines) + "\n"
 
@@ -465,10 +488,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("data", type=Path, help="capture folder (validation/data/<device>)")
     parser.add_argument("--calibration", type=Path, default=None, help="calibration file to evaluate too")
     parser.add_argument("--out", type=Path, default=None, help="write PNG timelines and report.json here")
+    parser.add_argument("--repeat", type=Path, default=None, help="a second capture: run-to-run noise")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     try:
-        report = compare(args.data, args.calibration, args.out)
+        report = compare(args.data, args.calibration, args.out, args.repeat)
     except MemsimError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code

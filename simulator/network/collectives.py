@@ -109,16 +109,17 @@ def _layout(topology: Topology, group: tuple[int, ...]) -> _Layout:
         by_node.setdefault(topology.node_of_gpu(gpu), []).append(gpu)
     nodes = tuple(tuple(by_node[k]) for k in sorted(by_node))
     counts = {len(gpus) for gpus in nodes}
-    intra = "nvlink"
-    for gpus in nodes:
-        for a, b in zip(gpus, gpus[1:] + gpus[:1]):
-            if a != b and any(c != "nvlink" for c in topology.route(a, b).link_classes):
-                intra = "pci"
-    return _Layout(tuple(sorted(group)), nodes, counts.pop() if len(counts) == 1 else 0, intra)
+    pairs = [(a, b) for gpus in nodes for a, b in zip(gpus, gpus[1:] + gpus[:1]) if a != b]
+    if not pairs and topology.gpus_per_node > 1:
+        pairs = [(0, 1)]     # one GPU per server: NCCL still classifies the server's own GPU links
+    nvlink = pairs and all(c == "nvlink" for a, b in pairs for c in topology.route(a, b).link_classes)
+    return _Layout(tuple(sorted(group)), nodes, counts.pop() if len(counts) == 1 else 0,
+                   "nvlink" if nvlink else "pci")
 
 
 def candidates(topology: Topology, kind: str, group: Sequence[int]) -> list[tuple[str, str]]:
-    """Every (algorithm, protocol) that can run `kind` on `group`, in NCCL's order of preference for ties."""
+    """Every (algorithm, protocol) that can run `kind` on `group`, in a fixed order (choose_algorithm's ties go to
+    the earlier): LL128 only where GPUs talk over NVLink and NVLS only with Simple on an NVLS switch, as in NCCL."""
     members = _check(topology, kind, group, 0)
     layout = _layout(topology, members)
     if kind in ("all_to_all", "send", "recv"):
@@ -431,14 +432,16 @@ def run_collective(topology: Topology, kind: str, group: Sequence[int], size_byt
         protocol: force a protocol (default: the fastest available).
 
     Returns:
-        The result; time 0.0 (and infinite bandwidth) for one GPU or zero bytes.
+        The result; time 0.0 and infinite algbw for one GPU or zero bytes (busbw 0.0 where nccl-tests'
+        factor is 0, i.e. one GPU).
     """
     members = _check(topology, kind, group, size_bytes)
     algorithm, protocol = _resolve(topology, kind, members, size_bytes, algorithm, protocol)
     time_s = _time_s(topology, kind, members, size_bytes, algorithm, protocol)
     algbw = size_bytes / time_s if time_s > 0 else math.inf
+    factor = bus_factor(kind, len(members))
     return CollectiveResult(kind, members, size_bytes, algorithm, protocol, time_s,
-                            algbw, algbw * bus_factor(kind, len(members)))
+                            algbw, algbw * factor if factor > 0 else 0.0)
 
 
 def collective_time_s(topology: Topology, kind: str, group: Sequence[int], size_bytes: float,

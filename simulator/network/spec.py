@@ -277,7 +277,8 @@ def parse_server(data: dict, path: str) -> ServerSpec:
         if "/" in component.name:
             raise _bad(path, "components", component.name, "must not contain '/'")
         known.append(component.name)
-    connections = [_parse_connection(path, i, t, links) for i, t in enumerate(_get(path, data, "connect", "", list))]
+    connections = [_parse_connection(path, i, t, links)
+                   for i, t in enumerate(_get(path, data, "connect", "", list, []))]
     seen: set[tuple[str, str]] = set()
     for index, connection in enumerate(connections):
         for a, b in connection.pairs:

@@ -143,17 +143,13 @@ class Topology:
     """N copies of a server joined by a leaf/spine fabric: GPUs, resources, routes and the networkx graph."""
 
     server: ServerSpec
-    nodes: int
-    fabric: FabricSpec
+    fabric: FabricSpec          # fabric.nodes servers; the fabric is used only when there are two or more
     _index: _Server = field(init=False, repr=False, compare=False)
     _routes: dict = field(init=False, repr=False, compare=False)
     _derived: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_fabric(self.fabric, self.server.path)
-        if self.nodes != self.fabric.nodes:
-            raise TopologyError(f"{self.server.path}: nodes = {self.nodes} differs from fabric.nodes = "
-                                f"{self.fabric.nodes}")
         index = _Server(self.server)
         if self.nodes > 1 and not index.nics:
             raise TopologyError(f"{self.server.path}: nodes = {self.nodes}: the server has no NIC to join a fabric")
@@ -175,6 +171,11 @@ class Topology:
     def name(self) -> str:
         """The topology's name (the TOML `name`)."""
         return self.server.name
+
+    @property
+    def nodes(self) -> int:
+        """Servers in the cluster."""
+        return self.fabric.nodes
 
     @property
     def gpus_per_node(self) -> int:
@@ -477,5 +478,5 @@ def load_topology(name: str, *, nodes: int | None = None, oversubscription: floa
             raise TopologyError(f"{path}: {key} = {value!r}: must be {'true or false' if kind is bool else 'a number'}")
         fabric = dataclasses.replace(fabric, **{key: float(value) if key == "oversubscription" else value})
     validate_fabric(fabric, str(path))
-    return Topology(server, fabric.nodes, fabric)
+    return Topology(server, fabric)
 

@@ -1,0 +1,1 @@
+"""Cluster and hardware topology definitions (TOML files read by simulator.network.topology)."""
