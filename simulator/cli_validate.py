@@ -1,4 +1,4 @@
-"""`memsim validate capture|compare` and `memsim calibrate`: capture torch runs, compare memsim with them, fit the device.
+"""`memsim validate capture|compare` and `memsim calibrate`: capture torch runs, compare with them, fit the device.
 
 Registered in simulator/cli.py with::
 
@@ -34,9 +34,11 @@ def _fail(message: str) -> None:
 @validate_app.command("capture")
 def capture_command(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    configs: Annotated[Optional[Path], typer.Option("--configs", help="Configurations TOML (default: "
-                                                    "validation/configs/cpu_memory.toml, cuda: validation/cuda/configs.toml).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default validation/data/<device>).")] = None,
+    configs: Annotated[Optional[Path], typer.Option(
+        "--configs", help="Configurations TOML (default: validation/configs/cpu_memory.toml; "
+                          "cuda: validation/cuda/configs.toml).")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Output folder (default validation/data/<device>).")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Capture only this configuration.")] = None,
     repetitions: Annotated[int, typer.Option("--repetitions", help="Timed steps per configuration.")] = 7,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Also measure the memory timeline.")] = True,
@@ -59,7 +61,8 @@ def capture_command(
 @validate_app.command("compare")
 def compare_command(
     data: Annotated[Path, typer.Argument(help="Capture folder, e.g. validation/data/cpu.")],
-    calibration: Annotated[Optional[Path], typer.Option("--calibration", help="Calibration file to evaluate too.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="Calibration file to evaluate too.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write a PNG timeline per run and report.json.")] = None,
     repeat: Annotated[Optional[Path], typer.Option("--repeat", help="A second capture of the same "
                                                    "configurations: report the run-to-run noise.")] = None,
@@ -80,7 +83,8 @@ def compare_command(
 
 def calibrate_command(
     data: Annotated[Path, typer.Argument(help="Capture folder, e.g. validation/data/cpu.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Calibration file to write.")] = Path("calibration.toml"),
+    output: Annotated[Path, typer.Option(
+        "-o", "--output", help="Calibration file to write.")] = Path("calibration.toml"),
     bootstrap: Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples for the 95% intervals.")] = 200,
 ) -> None:
     """Fit the device model (GEMM efficiency, bandwidth, launch overhead) and link alpha/beta to captured data."""

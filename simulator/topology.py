@@ -1,4 +1,4 @@
-"""Resolve a scenario's [cluster] and [allocator] into the device a rank runs on (with its calibration) and its memory budget."""
+"""Resolve a scenario's [cluster] and [allocator]: the (calibrated) device a rank runs on and its memory budget."""
 
 from __future__ import annotations
 
@@ -112,7 +112,8 @@ def read_calibration(path: str | Path) -> Calibration:
             try:
                 links.append(LinkFit(collective, int(world), float(fit["latency_s"]), float(fit["bytes_per_s"])))
             except (KeyError, TypeError, ValueError):
-                raise DataError(f"{name}: links.{collective}.{world} must have numbers latency_s and bytes_per_s") from None
+                raise DataError(f"{name}: links.{collective}.{world} must have numbers latency_s and "
+                                f"bytes_per_s") from None
     return Calibration(name, device, str(data.get("torch_version", "")), fields, tuple(links))
 
 

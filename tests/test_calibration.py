@@ -1,4 +1,4 @@
-"""Calibration: the vectorized roofline equals memsim's, fits recover known parameters, files round-trip, bad input fails."""
+"""Calibration: the vectorized roofline is memsim's, fits recover known values, files round-trip, bad input fails."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ CPU = get_device("cpu")
 TRUTH = with_overrides(CPU, gemm_efficiency={"fp32": 0.7, "bf16": 1.5}, gemm_k_overhead=40, hbm_efficiency=0.4,
                        attention_efficiency=0.3, launch_overhead_s=2e-5)
 ENV = {"torch_version": "2.13.0+cpu", "device_name": "synthetic"}
+HEADER = 'format = "memsim-calibration-1"\ndevice = "cpu"\n[fields]\n'
 
 
 def _truth_calibration(path: Path) -> Path:
@@ -182,8 +183,8 @@ def test_calibration_for_another_device_is_rejected(synthetic, tmp_path):
     (None, "not found"),
     ("format = [", "not a readable calibration file"),
     ('format = "other"\ndevice = "cpu"\n', "format = 'other'"),
-    ('format = "memsim-calibration-1"\ndevice = "cpu"\n[fields]\nsm_count = 4\n', "fields.sm_count is not calibratable"),
-    ('format = "memsim-calibration-1"\ndevice = "cpu"\n[fields]\nlaunch_overhead_s = -1.0\n', "launch_overhead_s = -1.0"),
+    (HEADER + "sm_count = 4\n", "fields.sm_count is not calibratable"),
+    (HEADER + "launch_overhead_s = -1.0\n", "launch_overhead_s = -1.0"),
 ])
 def test_bad_calibration_files(tmp_path, text, match):
     path = tmp_path / "bad.toml"

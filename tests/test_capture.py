@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", exc_type=ImportError)
 
 from simulator.errors import DataError, ScenarioError  # noqa: E402
 from validation.calibration_data import CAPTURE_FORMAT, load_dataset  # noqa: E402
@@ -63,3 +63,28 @@ def test_gloo_collectives_two_processes():
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in rows)
     with pytest.raises(ScenarioError, match="world size"):
         measure_collectives((1,), (4096,))
+
+
+def test_layouts_and_cuda_profile_summary():
+    """The CUDA branch of the op summary, fed with stand-in profiler events (no GPU needed)."""
+    from types import SimpleNamespace
+
+    from validation.capture import _layout, summarize_profile
+
+    assert [_layout([4, 3], [3, 1]), _layout([4, 3], [1, 4]), _layout([4, 3], [6, 2]), _layout([], [])] == \
+        ["c", "t", "x", ""]
+    assert _layout([2, 1, 5], [5, 99, 1]) == "c"          # size-1 dimensions may have any stride
+
+    def op(name, device_us, cpu_us=50.0):
+        return SimpleNamespace(name=name, input_shapes=[[64, 32], [32, 16]],
+                               structured_input_strides=[[32, 1], [1, 32]], input_dtypes=["float", "float"],
+                               self_cpu_time_total=cpu_us,
+                               self_device_time_total=device_us, device_type="DeviceType.CPU")
+
+    kernel = SimpleNamespace(name="sm90_gemm", self_device_time_total=7.0, device_type="DeviceType.CUDA")
+    steps = [[op("aten::mm", 7.0), op("aten::view", 0.0), kernel], [op("aten::mm", 9.0), kernel]]
+    summary = summarize_profile(steps, cuda=True)
+    assert summary["rows"] == [["aten::mm", [[64, 32], [32, 16]], "c,t", ["float", "float"], 1.0, 8.0, 7.0]]
+    assert summary["kernels"]["rows"] == [["sm90_gemm", 1.0, 7.0, 7.0]]
+    cpu = summarize_profile(steps, cuda=False)
+    assert {r[0] for r in cpu["rows"]} == {"aten::mm", "aten::view"} and "kernels" not in cpu

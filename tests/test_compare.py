@@ -87,6 +87,14 @@ def test_calibration_file_is_evaluated(subset, tmp_path):
     assert all(r.file_s is not None and r.file_s > 0 for r in runs)
 
 
+def test_calibration_from_another_torch_version_is_rejected(subset, tmp_path):
+    path = tmp_path / "cal.toml"
+    write_calibration(calibrate(subset, bootstrap=0), path)
+    path.write_text(path.read_text().replace('torch_version = "2.13.0+cpu"', 'torch_version = "2.12.0"'))
+    with pytest.raises(DataError, match=r"cal\.toml: fitted on torch 2\.12\.0"):
+        compare(subset, path)
+
+
 def test_capture_from_another_torch_version_is_rejected(subset, tmp_path):
     folder = tmp_path / "data"
     shutil.copytree(subset, folder)

@@ -1,11 +1,12 @@
-"""Fit memsim's device model (GEMM efficiency by shape, memory bandwidth, launch overhead) and link alpha/beta to captured data.
+"""Fit memsim's device model (GEMM efficiency, bandwidth, launch overhead) and link alpha/beta to captured data.
 
 Usage: ``python -m validation.calibrate DATA -o calibration.toml`` (also ``memsim calibrate``), where
 DATA is a capture folder such as validation/data/cpu (timing/*.json, collectives.json).
 
 The fit uses memsim's own roofline (simulator/hardware/cost.py), so fitted numbers are DeviceSpec fields:
 
-* Stage 1, per op (profiler rows, minimum self time per call): memory-bound aten ops give an
+* Stage 1, per op (profiler rows, minimum self time per call, each weighted by the square root of its
+  share of its configuration's time; validation.calibration_data.op_rows): memory-bound aten ops give an
   effective bandwidth ``bw`` and a per-op overhead; GEMMs (mm, addmm, bmm) give gemm_efficiency per
   dtype and gemm_k_overhead through cost.py's shape factor (tile/wave quantization times
   k / (k + gemm_k_overhead)); CPU flash attention gives attention_efficiency.
@@ -16,8 +17,9 @@ The fit uses memsim's own roofline (simulator/hardware/cost.py), so fitted numbe
   nccl-tests counts them (all_reduce 2(n-1)/n x size, all_gather and reduce_scatter (n-1)/n x size).
 
 Every fit is scipy.optimize.least_squares(loss="soft_l1") on log(predicted / measured); 95%
-confidence intervals come from a seeded bootstrap over rows (stage 1), configurations (stage 2)
-and repetitions (links).
+confidence intervals come from a seeded bootstrap (configurations, then their op rows, refitting both
+stages; repetitions for links). A GEMM rate above twice the device's peak (DeviceSpec caps efficiency
+at 2) is written as a new peak_flop_per_s with efficiency 1.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from scipy.optimize import least_squares
 from simulator.errors import DataError, MemsimError
 from simulator.hardware.catalog import FLOP_DTYPES, DeviceSpec, with_overrides
 from simulator.io import atomic_write_text
+from simulator.network.collectives import bus_factor
 from simulator.topology import CALIBRATION_FORMAT
 from validation.calibration_data import (
     ATTN, GEMM, ConfigFeatures, Dataset, OpRows, Params, device_params, load_dataset, predict_iteration_s,
@@ -220,19 +223,19 @@ def fit_device(dataset: Dataset, names: Sequence[str] | None = None, start: Para
 # Links
 
 
-BUS_FACTORS = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-               "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
 def link_bus_bytes(collective: str, world_size: int, size_bytes: float) -> float:
-    """Bytes each rank moves over its link for a collective of ``size_bytes`` (nccl-tests bus bytes).
+    """Bytes each rank moves over its link for a collective of ``size_bytes`` (nccl-tests bus bytes,
+    simulator.network.collectives.bus_factor).
 
     Raises:
         DataError: an unknown collective.
     """
-    if collective not in BUS_FACTORS:
-        raise DataError(f"collective = {collective!r} is unknown; allowed: {', '.join(BUS_FACTORS)}")
-    return BUS_FACTORS[collective](world_size) * size_bytes
+    if collective not in COLLECTIVES:
+        raise DataError(f"collective = {collective!r} is unknown; allowed: {', '.join(COLLECTIVES)}")
+    return bus_factor(collective, world_size) * size_bytes
 
 
 @dataclass(frozen=True)

@@ -290,15 +290,16 @@ def load_dataset(data_dir: str | Path) -> Dataset:
         measured = {n: float(timing[n]["iteration"][clock]["median_s"]) for n in names}
         rows = {n: op_rows(timing[n], spec) for n in names}
     except (KeyError, TypeError, ValueError, IndexError) as error:
-        raise DataError(f"{root / 'timing'}: a timing file has a malformed iteration or ops table ({error!r})") from None
+        raise DataError(f"{root / 'timing'}: a timing file has a malformed iteration or ops table "
+                        f"({error!r})") from None
     features = {n: config_features(n, timing[n]["config"], spec) for n in names}
     sizes = np.concatenate([r.bytes[r.kind == MEMORY] for r in rows.values()] + [np.zeros(0)])
     collectives = None
     files = [str(p.relative_to(root)) for p in paths]
     if (root / "collectives.json").exists():
         collectives = read_json(root / "collectives.json", "collectives", ("environment", "results"))
-        check_same_capture(root / "collectives.json",
-                           {"torch_version": collectives["environment"].get("torch_version")}, reference, reference_file)
+        torch_version = {"torch_version": collectives["environment"].get("torch_version")}
+        check_same_capture(root / "collectives.json", torch_version, reference, reference_file)
         files.append("collectives.json")
     return Dataset(root, device, spec, str(reference.get("device_name", "")), str(reference["torch_version"]), clock,
                    tuple(files), names, {n: timing[n]["config"] for n in names}, measured, timing, rows, features,

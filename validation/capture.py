@@ -18,11 +18,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import gc
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -71,16 +69,6 @@ class Protocol:
 # Environment
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _load_average() -> list[float]:
     try:
         return [round(value, 2) for value in os.getloadavg()]
@@ -90,18 +78,9 @@ def _load_average() -> list[float]:
 
 def environment(device: str) -> dict[str, object]:
     """Torch/Python versions, device name, threads, CPU model, load average and the date (UTC)."""
-    env: dict[str, object] = {
-        "device": device,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "num_threads": torch.get_num_threads(),
-        "logical_cpus": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "platform": platform.platform(),
-        "load_average": _load_average(),
-        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-    }
+    env: dict[str, object] = {"device": device, **measure_memory.environment(), "logical_cpus": os.cpu_count(),
+                              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                              "load_average": _load_average()}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         env.update({
@@ -154,7 +133,8 @@ class _PhaseClock:
             event.record()
         self.marks.append((phase, time.perf_counter(), time.process_time(), event))
 
-    def phase_times(self, end_wall_s: float, end_cpu_s: float, end_event: object = None) -> dict[str, tuple[float, float]]:
+    def phase_times(self, end_wall_s: float, end_cpu_s: float,
+                    end_event: object = None) -> dict[str, tuple[float, float]]:
         """(wall or CUDA-event seconds, process CPU seconds) of each phase; call after the step finished."""
         marks = [*self.marks, ("end", end_wall_s, end_cpu_s, end_event)]
         times = {}

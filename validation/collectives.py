@@ -6,10 +6,11 @@ Usage: ``python -m validation.collectives [--out validation/data/cpu/collectives
 Protocol: for each world size, torch.multiprocessing spawns that many processes on this machine
 (gloo over the loopback interface, rendezvous through a temporary file: nothing leaves the host).
 Each process uses one torch thread. After GROUP_WARMUP small all_reduces (connection set-up), for
-every collective and buffer size (fp32, 4 KiB to 16 MiB): ``warmup`` untimed calls, then ``repetitions`` timed calls, each preceded by a barrier; a call's
-time is the slowest rank's. Size = the full buffer in bytes, as nccl-tests counts it: the tensor
-all_reduce reduces, all_gather's output, reduce_scatter's input. The file keeps every repetition
-(times of the slowest rank), their median and spread.
+every collective and buffer size (fp32, 4 KiB to 16 MiB): ``warmup`` untimed calls, then
+``repetitions`` timed calls, each preceded by a barrier; a call's time is the slowest rank's.
+Size = the full buffer in bytes, as nccl-tests counts it: the tensor all_reduce reduces,
+all_gather's output, reduce_scatter's input. The file keeps every repetition (times of the slowest
+rank), their median and spread.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def measure_collectives(world_sizes: Sequence[int] = (2, 4), sizes_bytes: Sequen
                 mp.spawn(_worker, args=(world, store, list(sizes_bytes), warmup, repetitions, tmp),
                          nprocs=world, join=True)
             except Exception as error:  # a worker's exception arrives as ProcessRaisedException
-                raise DataError(f"gloo collectives with {world} processes failed: {str(error).strip().splitlines()[-1]}") from None
+                reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+                raise DataError(f"gloo collectives with {world} processes failed: {reason}") from None
             per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
         for name in COLLECTIVES:
             for size in sizes_bytes:

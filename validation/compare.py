@@ -1,7 +1,7 @@
 """Predicted against measured for every captured run: peak and timeline memory, iteration time (default,
 held-out calibrated, calibration file) and collective times.
 
-Usage: ``python -m validation.compare DATA [--calibration FILE] [--out DIR] [--json]`` (also
+Usage: ``python -m validation.compare DATA [--calibration FILE] [--repeat DIR] [--out DIR] [--json]`` (also
 ``memsim validate compare``). DATA is a capture folder (validation/data/<device>) with memory/*.json
 (validation.measure_memory or the CUDA capture), timing/*.json and collectives.json.
 
@@ -29,13 +29,11 @@ from pathlib import Path
 import numpy as np
 from scipy.ndimage import maximum_filter1d, minimum_filter1d
 
-from simulator.api import simulate
+from simulator.api import build_workload, simulate
 from simulator.errors import DataError, MemsimError
 from simulator.io import atomic_write_text
 from simulator.scenario import scenario_from_dict
-from simulator.topology import apply_calibration, read_calibration
-from simulator.api import build_workload
-from simulator.topology import resolve_cluster
+from simulator.topology import apply_calibration, read_calibration, resolve_cluster
 from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, OPTIMIZER_STEP, RECOMPUTE
 from validation.calibrate import fit_device, fit_links, link_bus_bytes
 from validation.calibration_data import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from simulator.hardware.catalog import DeviceSpec
 from simulator.hardware.cost import op_time_s
 from simulator.parallel.program import Alloc, Free, Instruction, Mark, Program, Run
-from simulator.workload.graph import Op, Tensor
+from simulator.workload.graph import COLLECTIVE, Op, Tensor
 from simulator.workload.training import IterationWorkload
 
 COMPUTE = "compute"
@@ -13,7 +13,13 @@ COMPUTE = "compute"
 
 def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
               iteration: int) -> list[Run]:
-    """Cost each op on `device`; an input the previous op just wrote is read from L2 if it fits."""
+    """Cost each op on `device`; an input the previous op just wrote is read from L2 if it fits.
+
+    Collective ops (tensor-parallel all_reduce / all_gather / reduce_scatter) take 0 s here: this
+    single-rank lowering has no topology or group. The network model
+    (simulator/network/collectives.py: `collective_time_s` over the group's GPUs on the cluster's
+    topology) prices them when multi-rank lowering lands; until then `memsim run` refuses tp > 1.
+    """
     runs: list[Run] = []
     previous_outputs: dict[int, int] = {}
     l2 = device.l2_bytes
@@ -24,7 +30,8 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
             if produced <= l2:
                 hits = sum(previous_outputs.get(tid, 0) for tid in op.inputs)
                 hits = min(hits, op.bytes_read)
-        runs.append(Run(op, op_time_s(op, device, hits), iteration))
+        duration_s = 0.0 if op.op_class == COLLECTIVE else op_time_s(op, device, hits)
+        runs.append(Run(op, duration_s, iteration))
         previous_outputs = {tid: tensors[tid].nbytes for tid in op.outputs if tid in tensors}
     return runs
 

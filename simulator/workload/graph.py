@@ -26,7 +26,12 @@ SOFTMAX = "softmax"            # softmax and log-softmax / cross-entropy reducti
 EMBEDDING = "embedding"        # gathers and scatters (embedding lookup and its backward)
 OPTIMIZER = "optimizer"        # optimizer update kernels
 COPY = "copy"                  # memory copies (contiguous, transpose, cast to another buffer)
-OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY)
+COLLECTIVE = "collective"      # a communication kernel (NCCL): see Op.collective, Op.group, Op.comm_bytes
+OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY, COLLECTIVE)
+
+# Collectives (NCCL / torch.distributed names) and the process groups they run on.
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv")
+GROUPS = ("tp", "dp", "pp")
 
 # Phases of a training iteration.
 FORWARD = "fwd"
@@ -78,3 +83,6 @@ class Op:
     frees: tuple[int, ...] = ()    # tensor ids freed at op end
     layer: int = -1                # transformer layer index, -1 for embedding/head/optimizer
     microbatch: int = 0
+    collective: str = ""           # op_class COLLECTIVE: one of COLLECTIVES
+    group: str = ""                # op_class COLLECTIVE: the process group, one of GROUPS
+    comm_bytes: int = 0            # op_class COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size)

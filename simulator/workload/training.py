@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from simulator.workload.graph import DTYPE_BYTES, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
 from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
-from simulator.workload.primitives import KernelProfile, Ops
+from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
 from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
 
@@ -34,6 +34,8 @@ class Recipe:
     optimizer_implementation: str      # resolved: single-tensor | foreach | fused
     recompute: str
     activation_compression: str = "none"     # "int8": saved activations kept as int8 + row scales
+    tp: int = 1                              # tensor-parallel size (Megatron-LM sharding, per rank)
+    sequence_parallel: bool = False          # Megatron sequence parallelism (only with tp > 1)
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,12 @@ def _grad_scaler(ids: IdSource, tensors: dict[int, Tensor], params: list[MasterP
 
 
 def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
-    """Build the ops of one training iteration on one rank (no model parallelism)."""
+    """Build the ops of one training iteration on one rank (no pipeline or data parallelism).
+
+    With `recipe.tp` > 1 the rank holds its tensor-parallel shards and its ops include the
+    tensor-parallel collectives (op class COLLECTIVE, group "tp"); the persistent all_gather
+    buffer of sequence parallelism is allocated with the parameters.
+    """
     dts = dtypes_for(recipe.precision, recipe.framework)
     b = recipe.micro_batch_size
     compress = recipe.activation_compression == "int8"
@@ -135,14 +142,17 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     rng_bytes = CPU_RNG_STATE_BYTES if profile.device_kind == "cpu" else 0
     tape = Tape(microbatch=0, compress_saved=compress, rng_state_bytes=rng_bytes)
     fp8 = recipe.precision == "fp8-mixed"
-    ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8)
+    ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
+              sequence_parallel=recipe.sequence_parallel)
     builder = TransformerBuilder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
     input_dtype = dts.autocast or dts.param
     idx, targets = _inputs(tape, shape, b, input_dtype)
-    persistent_refs = builder.params.refs + builder.buffers
     loss = builder.forward(idx, targets)
+    # Communication buffers are created on first use during the forward.
+    persistent_refs = builder.params.refs + builder.buffers + ops.comm_buffers
     policy = _GradPolicy(dts.persistent_grad_buffer)
     first_ops, tensors = tape.finish(loss, policy)
+    first_ops = annotate_collectives(first_ops, ops.collectives)
     tensors = dict(tensors)
     grads = [g.id for g in policy.grads]
     later_ops: list[Op] = []
@@ -154,10 +164,12 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
         tape2._storages[idx.id] = tape._storages[idx.id]
         tape2._storages[targets.id] = tape._storages[targets.id]
-        ops2 = Ops(tape2, profile, dts.autocast, fp8_linear=fp8)
+        ops2 = Ops(tape2, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
+                   sequence_parallel=recipe.sequence_parallel, comm_buffers=ops._comm_buffers)
         builder.ops, builder.tape = ops2, tape2
         loss2 = builder.forward(idx, targets)
         later_ops, tensors2 = tape2.finish(loss2, _GradPolicy(True))
+        later_ops = annotate_collectives(later_ops, ops2.collectives)
         tensors.update(tensors2)
         next_id = max(tensors) + 1
     ids = IdSource(max(next_id, tape.next_tensor_id))
@@ -214,5 +226,5 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         optimizer=opt_ops,
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs),
-        meta={"dtypes": dts},
+        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp},
     )

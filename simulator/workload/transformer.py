@@ -2,12 +2,19 @@
 
 Each builder mirrors the reference torch modules in validation/torch_models.py statement by
 statement, so that allocation order, saved tensors and Python lifetimes match PyTorch's.
+
+With tensor parallelism (`ops.tp` > 1) a rank holds Megatron-LM's shards: column-parallel QKV /
+q, k, v / fc1 / gate / up (out_features/t), row-parallel output projections (in_features/t, bias
+replicated and added after the reduction), heads/t and kv_heads/t, a vocabulary-parallel embedding,
+LM head and cross-entropy (vocabulary padded up to a multiple of t); norms and dropout replicated.
+With sequence parallelism the residual stream, norms and dropout hold s/t tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.errors import PlanError
 from simulator.workload.graph import OTHER
 from simulator.workload.primitives import Ops
 from simulator.workload.tape import Ref
@@ -91,11 +98,29 @@ class TransformerBuilder:
         self.pdt = param_dtype
         self.ckpt = checkpointing
         self.b = micro_batch
+        self.tp = ops.tp
+        self.sp = ops.sp
+        self._check_tp()
+        self.vocab_rank = -(-shape.vocab // self.tp)      # rows of the vocabulary on this rank
         self.params = Params([], [])
         self.layers: list[dict[str, Ref]] = []
         self.top: dict[str, Ref] = {}
         self.buffers: list[Ref] = []
         self._declare()
+
+    def _check_tp(self) -> None:
+        m, t = self.m, self.tp
+        if t < 1:
+            raise PlanError(f"parallel.tp = {t} must be a positive integer")
+        if t == 1:
+            return
+        for key, value in (("model.num_attention_heads", m.heads), ("model.num_kv_heads", m.kv_heads),
+                           ("model.ffn_hidden_size", m.ffn)):
+            if value % t:
+                raise PlanError(f"parallel.tp = {t} must divide {key} = {value}")
+        if self.sp and m.seq % t:
+            raise PlanError(f"parallel.sequence_parallel = true: parallel.tp = {t} must divide the "
+                            f"sequence length = {m.seq}")
 
     # ------------------------------------------------------------------ parameters
     def _p(self, name: str, shape: tuple[int, ...]) -> Ref:
@@ -117,16 +142,18 @@ class TransformerBuilder:
     def _declare(self) -> None:
         m = self.m
         h = m.hidden
+        t = self.tp
         kvd = m.kv_heads * m.head_dim
+        vocab = self.vocab_rank
         if m.architecture == "llama":
-            self.top["wte"] = self._p("embed_tokens.weight", (m.vocab, h))
+            self.top["wte"] = self._p("embed_tokens.weight", (vocab, h))
         elif m.architecture == "vit":
             self.top["patch"] = self._p("patch_embed.weight", (h, m.channels * m.patch * m.patch))
             self.top["patch_b"] = self._p("patch_embed.bias", (h,))
             self.top["cls"] = self._p("cls_token", (1, 1, h))
             self.top["wpe"] = self._p("pos_embed", (1, m.seq, h))
         else:
-            self.top["wte"] = self._p("wte.weight", (m.vocab, h))
+            self.top["wte"] = self._p("wte.weight", (vocab, h))
             self.top["wpe"] = self._p("wpe.weight", (m.positions, h))
             if m.architecture == "bert":
                 self.top["wtt"] = self._p("token_type_embeddings.weight", (m.type_vocab, h))
@@ -138,34 +165,36 @@ class TransformerBuilder:
             if m.architecture == "llama":
                 for proj, out_f in (("q", h), ("k", kvd), ("v", kvd)):
                     layer.update({f"{proj}_{k}": v for k, v in
-                                  self._linear_params(f"{pre}.{proj}_proj", h, out_f).items()})
-                layer.update({f"o_{k}": v for k, v in self._linear_params(f"{pre}.o_proj", h, h).items()})
+                                  self._linear_params(f"{pre}.{proj}_proj", h, out_f // t).items()})
+                layer.update({f"o_{k}": v for k, v in self._linear_params(f"{pre}.o_proj", h // t, h).items()})
             else:
                 layer.update({f"qkv_{k}": v for k, v in
-                              self._linear_params(f"{pre}.c_attn", h, h + 2 * kvd).items()})
-                layer.update({f"o_{k}": v for k, v in self._linear_params(f"{pre}.attn.c_proj", h, h).items()})
+                              self._linear_params(f"{pre}.c_attn", h, (h + 2 * kvd) // t).items()})
+                layer.update({f"o_{k}": v for k, v in
+                              self._linear_params(f"{pre}.attn.c_proj", h // t, h).items()})
             layer.update({f"ln2_{k}": v for k, v in self._norm_params(f"{pre}.ln_2").items()})
             if m.activation == "swiglu":
                 for proj in ("gate", "up"):
                     layer.update({f"{proj}_{k}": v for k, v in
-                                  self._linear_params(f"{pre}.mlp.{proj}_proj", h, m.ffn).items()})
+                                  self._linear_params(f"{pre}.mlp.{proj}_proj", h, m.ffn // t).items()})
                 layer.update({f"down_{k}": v for k, v in
-                              self._linear_params(f"{pre}.mlp.down_proj", m.ffn, h).items()})
+                              self._linear_params(f"{pre}.mlp.down_proj", m.ffn // t, h).items()})
             else:
-                layer.update({f"fc1_{k}": v for k, v in self._linear_params(f"{pre}.mlp.c_fc", h, m.ffn).items()})
+                layer.update({f"fc1_{k}": v for k, v in
+                              self._linear_params(f"{pre}.mlp.c_fc", h, m.ffn // t).items()})
                 layer.update({f"fc2_{k}": v for k, v in
-                              self._linear_params(f"{pre}.mlp.c_proj", m.ffn, h).items()})
+                              self._linear_params(f"{pre}.mlp.c_proj", m.ffn // t, h).items()})
             self.layers.append(layer)
         self.top.update({f"lnf_{k}": v for k, v in self._norm_params("ln_f").items()})
         if m.architecture == "bert":
             self.top.update({f"mlm_{k}": v for k, v in self._linear_params("cls.transform.dense", h, h).items()})
             self.top.update({f"mlm_ln_{k}": v for k, v in self._norm_params("cls.transform.LayerNorm").items()})
-            self.top["mlm_bias"] = self._p("cls.decoder.bias", (m.vocab,))
+            self.top["mlm_bias"] = self._p("cls.decoder.bias", (vocab,))
         if m.architecture == "vit":
             self.top["head"] = self._p("head.weight", (m.classes, h))
             self.top["head_b"] = self._p("head.bias", (m.classes,))
         elif not m.tied:
-            self.top["head"] = self._p("lm_head.weight", (m.vocab, h))
+            self.top["head"] = self._p("lm_head.weight", (vocab, h))
         else:
             self.top["head"] = self.top["wte"]
         self._declare_buffers()
@@ -210,20 +239,30 @@ class TransformerBuilder:
     def _embed(self, idx: Ref) -> Ref:
         m, ops, b = self.m, self.ops, self.b
         if m.architecture == "llama":
+            if self.tp > 1:
+                return ops.vocab_parallel_embedding(self.top["wte"], idx, "embed_tokens", reduce_scatter=self.sp)
             return ops.embedding(self.top["wte"], idx, "embed_tokens")
         if m.architecture == "vit":
             return self._embed_vit(idx)
         (pos,) = self.tape.node("arange", "elementwise", (), (("pos", (m.seq,), "int64"),),
                                 requires_grad=False)
-        tok = ops.embedding(self.top["wte"], idx, "wte")
+        if self.tp > 1:
+            tok = ops.vocab_parallel_embedding(self.top["wte"], idx, "wte", reduce_scatter=False)
+        else:
+            tok = ops.embedding(self.top["wte"], idx, "wte")
         pos_emb = ops.embedding(self.top["wpe"], pos, "wpe")
         x = ops.add(tok, pos_emb, "embed_add")
         if m.architecture == "bert":
             (types,) = self.tape.node("token_type_ids", "elementwise", (), (("token_types", (b, m.seq), "int64"),),
                                       requires_grad=False, category=OTHER)
             x = ops.add(x, ops.embedding(self.top["wtt"], types, "token_type"), "embed_add_types")
-            x = self._norm(x, "emb_ln", self.top, "embeddings.LayerNorm")
-        return ops.dropout(x, m.dropout, "embed_dropout")
+            x = self._norm(self._scatter(x), "emb_ln", self.top, "embeddings.LayerNorm")
+            return ops.dropout(x, m.dropout, "embed_dropout")
+        return ops.dropout(self._scatter(x), m.dropout, "embed_dropout")
+
+    def _scatter(self, x: Ref) -> Ref:
+        """With sequence parallelism, keep this rank's s/t tokens of the embedding output."""
+        return self.ops.scatter_sequence(x, "embed_scatter") if self.sp else x
 
     def _embed_vit(self, pixels: Ref) -> Ref:
         m, ops, b = self.m, self.ops, self.b
@@ -235,7 +274,7 @@ class TransformerBuilder:
         cls = self.tape.view(self.top["cls"], (b, 1, m.hidden), "cls_expand")
         x = ops.cat((cls, x), (b, m.seq, m.hidden), "cat_cls")
         x = ops.add(x, self.top["wpe"], "pos_add")
-        return ops.dropout(x, m.dropout, "embed_dropout")
+        return ops.dropout(self._scatter(x), m.dropout, "embed_dropout")
 
     def _norm(self, x: Ref, key: str, params: dict[str, Ref], name: str) -> Ref:
         if self.m.norm == "rmsnorm":
@@ -261,39 +300,75 @@ class TransformerBuilder:
         m, ops = self.m, self.ops
         p = self.layers[i]
         pre = f"layers.{i}.mlp"
+        xin = self._column_input(x, f"{pre}.column_input")
         if m.activation == "swiglu":
-            gate = ops.linear(x, p["gate_w"], p.get("gate_b"), f"{pre}.gate_proj")
+            gate = self._column_linear(xin, x, p, "gate", f"{pre}.gate_proj")
             act = ops.unary(gate, f"{pre}.silu", 4.0)
-            up = ops.linear(x, p["up_w"], p.get("up_b"), f"{pre}.up_proj")
+            up = self._column_linear(xin, x, p, "up", f"{pre}.up_proj")
             prod = ops.mul(act, up, f"{pre}.mul")
-            out = ops.linear(prod, p["down_w"], p.get("down_b"), f"{pre}.down_proj")
+            out = self._row_linear(prod, p, "down", f"{pre}.down_proj")
         else:
-            hidden = ops.linear(x, p["fc1_w"], p.get("fc1_b"), f"{pre}.c_fc")
+            hidden = self._column_linear(xin, x, p, "fc1", f"{pre}.c_fc")
             act = ops.unary(hidden, f"{pre}.gelu", 8.0)
-            out = ops.linear(act, p["fc2_w"], p.get("fc2_b"), f"{pre}.c_proj")
-        self.tape.hold(x)                  # the module's argument lives until forward returns
+            out = self._row_linear(act, p, "fc2", f"{pre}.c_proj")
+        self.tape.hold(x, xin)             # the module's argument lives until forward returns
         return out
+
+    # ------------------------------------------------------------------ tensor-parallel linears
+    def _column_input(self, x: Ref, name: str) -> Ref:
+        """Enter a column-parallel region: f (identity; all_reduce of the input gradient) or, with
+        sequence parallelism, the all_gather of the s/t shard into the persistent buffer."""
+        if self.tp == 1:
+            return x
+        if self.sp:
+            return self.ops.gather_to_buffer(x, f"{name}.all_gather")
+        return self.ops.copy_to_tp(x, f"{name}.copy_to_tp")
+
+    def _column_linear(self, xin: Ref, shard: Ref, p: dict[str, Ref], key: str, name: str) -> Ref:
+        """A column-parallel linear on the region's input; with sequence parallelism it saves the
+        shard and re-gathers it in backward."""
+        return self.ops.linear(xin, p[f"{key}_w"], p.get(f"{key}_b"), name,
+                               saved_shard=shard if self.sp else None)
+
+    def _row_linear(self, x: Ref, p: dict[str, Ref], key: str, name: str) -> Ref:
+        """A row-parallel linear: partial sums all_reduced (reduce_scattered to s/t tokens with
+        sequence parallelism), then the replicated bias added (RowParallelLinear)."""
+        bias = p.get(f"{key}_b")
+        if self.tp == 1:
+            return self.ops.linear(x, p[f"{key}_w"], bias, name)
+        partial = self.ops.linear(x, p[f"{key}_w"], None, name)
+        if self.sp:
+            out = self.ops.reduce_scatter_sequence(partial, f"{name}.reduce_scatter")
+        else:
+            out = self.ops.reduce_from_tp(partial, f"{name}.all_reduce")
+        if bias is None:
+            return out
+        promoted = "fp32" if "fp32" in (out.dtype, bias.dtype) else out.dtype
+        return self.ops.add(out, bias, f"{name}.bias_add", out_dtype=promoted)
 
     # ------------------------------------------------------------------ attention
     def _attention(self, i: int, x: Ref) -> Ref:
         m, ops, tape, b = self.m, self.ops, self.tape, self.b
         p = self.layers[i]
         pre = f"layers.{i}.attn"
-        s, h, nh, kv, hd = m.seq, m.hidden, m.heads, m.kv_heads, m.head_dim
+        s, hd = m.seq, m.head_dim
+        nh, kv = m.heads // self.tp, m.kv_heads // self.tp
+        h = m.hidden // self.tp           # this rank's share of the hidden size
+        xin = self._column_input(x, f"{pre}.column_input")
         if m.architecture == "llama":
-            q = tape.view(ops.linear(x, p["q_w"], None, f"{pre}.q_proj"), (b, nh, s, hd), f"{pre}.q_view",
-                          grad_copies=True)
-            k = tape.view(ops.linear(x, p["k_w"], None, f"{pre}.k_proj"), (b, kv, s, hd), f"{pre}.k_view",
-                          grad_copies=True)
-            v = tape.view(ops.linear(x, p["v_w"], None, f"{pre}.v_proj"), (b, kv, s, hd), f"{pre}.v_view",
-                          grad_copies=True)
+            q = tape.view(self._column_linear(xin, x, p, "q", f"{pre}.q_proj"), (b, nh, s, hd),
+                          f"{pre}.q_view", grad_copies=True)
+            k = tape.view(self._column_linear(xin, x, p, "k", f"{pre}.k_proj"), (b, kv, s, hd),
+                          f"{pre}.k_view", grad_copies=True)
+            v = tape.view(self._column_linear(xin, x, p, "v", f"{pre}.v_proj"), (b, kv, s, hd),
+                          f"{pre}.v_view", grad_copies=True)
             q = self._rope(q, f"{pre}.rope_q")
             k = self._rope(k, f"{pre}.rope_k")
             k = self._repeat_kv(k, f"{pre}.repeat_k")
             v = self._repeat_kv(v, f"{pre}.repeat_v")
             holders = (q, k, v)
         else:
-            qkv = ops.linear(x, p["qkv_w"], p.get("qkv_b"), f"{pre}.c_attn")
+            qkv = self._column_linear(xin, x, p, "qkv", f"{pre}.c_attn")
             q, k, v = tape.views(qkv, ((b, nh, s, hd), (b, kv, s, hd), (b, kv, s, hd)), f"{pre}.split",
                                  cat_grad=True)
             holders = (qkv,)
@@ -301,8 +376,8 @@ class TransformerBuilder:
         if not contiguous_out:
             y = ops.contiguous(y, f"{pre}.merge_heads")
         merged = tape.view(y, (b, s, h), f"{pre}.merge_view")
-        out = ops.linear(merged, p["o_w"], p.get("o_b"), f"{pre}.o_proj")
-        tape.hold(x, merged, *holders)     # the argument and the locals live until forward returns
+        out = self._row_linear(merged, p, "o", f"{pre}.o_proj")
+        tape.hold(x, xin, merged, *holders)   # the argument and the locals live until forward returns
         return out
 
     def _rope(self, x: Ref, name: str) -> Ref:
@@ -416,6 +491,8 @@ class TransformerBuilder:
         m, ops = self.m, self.ops
         x = self._norm(x, "lnf", self.top, "ln_f")
         if m.architecture == "vit":
+            if self.sp:
+                x = ops.gather_sequence(x, "ln_f.all_gather")
             cls = self.tape.view(x, (self.b, m.hidden), "cls_select", grad_copies=True)
             logits = ops.linear(cls, self.top["head"], self.top["head_b"], "head")
             return ops.cross_entropy(logits, targets, "loss")
@@ -423,6 +500,14 @@ class TransformerBuilder:
             x = ops.linear(x, self.top["mlm_w"], self.top.get("mlm_b"), "cls.transform.dense")
             x = ops.unary(x, "cls.transform.gelu", 8.0)
             x = self._norm(x, "mlm_ln", self.top, "cls.transform.LayerNorm")
+        if self.tp > 1:
+            xin = self._column_input(x, "lm_head.column_input")
+            logits = self._column_linear(xin, x, {"head_w": self.top["head"], "head_b": self.top.get("mlm_bias")},
+                                         "head", "lm_head")
+            flat = self.tape.view(logits, (self.b * m.seq, self.vocab_rank), "logits_view")
+            loss = ops.vocab_parallel_cross_entropy(flat, targets, "loss")
+            self.tape.hold(x, xin, logits)
+            return loss
         logits = ops.linear(x, self.top["head"], self.top.get("mlm_bias"), "lm_head")
         flat = self.tape.view(logits, (self.b * m.seq, m.vocab), "logits_view")
         loss = ops.cross_entropy(flat, targets, "loss")
