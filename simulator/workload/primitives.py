@@ -492,7 +492,8 @@ class Ops:
         """VocabParallelEmbedding on a (V/t, h) shard: mask of out-of-shard ids (bool), shifted ids
         (int64, saved by the lookup), lookup, in-place zeroing of masked rows (saves the mask), then
         all_reduce of the (b, s, h) output, or reduce_scatter to (b, s/t, h) with `reduce_scatter`."""
-        (mask,) = self.tape.node(f"{name}.input_mask", ELEMENTWISE, (idx,), ((f"{name}.input_mask", idx.shape, "bool"),),
+        (mask,) = self.tape.node(f"{name}.input_mask", ELEMENTWISE, (idx,),
+                                 ((f"{name}.input_mask", idx.shape, "bool"),),
                                  flops=2 * numel(idx.shape), dtype="int64", requires_grad=False)
         (shifted,) = self.tape.node(f"{name}.masked_input", ELEMENTWISE, (idx, mask),
                                     ((f"{name}.masked_input", idx.shape, idx.dtype),),
@@ -523,7 +524,8 @@ class Ops:
         """
         rows = numel(targets.shape)
         scalars = rows * DTYPE_BYTES["fp32"]
-        (logits_max,) = self.tape.node(f"{name}.logits_max", SOFTMAX, (logits,), ((f"{name}.logits_max", (rows,), "fp32"),),
+        (logits_max,) = self.tape.node(f"{name}.logits_max", SOFTMAX, (logits,),
+                                       ((f"{name}.logits_max", (rows,), "fp32"),),
                                        flops=numel(logits.shape), dtype="fp32", requires_grad=False)
         self.tape.node(f"{name}.max_all_reduce", COLLECTIVE, (logits_max,), (), bytes_written=scalars,
                        dtype="fp32", requires_grad=False)
