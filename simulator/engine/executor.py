@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import simpy
 
 from simulator.engine.allocator import Allocator
 from simulator.engine.memory import RankMemory
-from simulator.errors import DeadlockError
-from simulator.parallel.program import Alloc, Free, Mark, Program, Run, Signal, WaitFor
+from simulator.errors import DeadlockError, TopologyError
+from simulator.parallel.program import (Alloc, Collective, Free, Mark, Program, Recv, Run, Send, Signal,
+                                        WaitFor)
 from simulator.trace.records import RankTrace, Span, Trace
 from simulator.workload.graph import CATEGORIES
+
+if TYPE_CHECKING:
+    from simulator.engine.network_model import NetworkModel, Pending
+    from simulator.network.topology import Topology
+    from simulator.parallel.plan import ParallelPlan
+
+COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
+COMM_PHASE = "comm"
 
 
 @dataclass(frozen=True)
@@ -20,6 +31,84 @@ class EngineOptions:
 
     record_timeline: bool = True
     record_spans: bool = True
+
+
+@dataclass(frozen=True)
+class RankCommunication:
+    """One rank's communication: when its communication instructions were in progress (posted to done)
+    and when its compute stream was held up by communication (waits on events a communication stream
+    signalled, and communication instructions run on the compute stream itself). Seconds."""
+
+    intervals: tuple[tuple[float, float], ...] = ()
+    exposed_intervals: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def total_s(self) -> float:
+        """Time with at least one communication instruction in progress (overlaps counted once)."""
+        return self.between(-math.inf, math.inf)[0]
+
+    @property
+    def exposed_s(self) -> float:
+        """Time the compute stream waited on communication."""
+        return self.between(-math.inf, math.inf)[1]
+
+    def between(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """(total, exposed) communication seconds inside the window [start_s, end_s]."""
+        return _covered(self.intervals, start_s, end_s), _covered(self.exposed_intervals, start_s, end_s)
+
+
+@dataclass
+class EngineTrace(Trace):
+    """The engine's Trace plus each simulated rank's communication, by rank."""
+
+    communication: dict[int, RankCommunication] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BlockedInstruction:
+    """A stream that cannot go on: its rank, the stream, the index and text of the instruction, and why."""
+
+    rank: int
+    stream: str
+    index: int
+    instruction: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} stream {self.stream} instruction {self.index} {self.instruction}: {self.reason}"
+
+
+class EngineDeadlock(DeadlockError):
+    """The programs cannot finish; `blocked` lists every blocked (rank, stream, instruction)."""
+
+    def __init__(self, message: str, blocked: tuple[BlockedInstruction, ...]):
+        super().__init__(message)
+        self.blocked = blocked
+
+
+class _World:
+    """What all ranks share: the clock and, created on first use, the network model."""
+
+    def __init__(self, env: simpy.Environment, ranks: tuple[int, ...], topology: Topology | None,
+                 plan: ParallelPlan | None):
+        self.env = env
+        self.ranks = ranks
+        self.topology = topology
+        self.plan = plan
+        self._network: NetworkModel | None = None
+
+    def network(self, rank: int, instruction) -> NetworkModel:
+        if self._network is None:
+            if self.topology is None:
+                raise TopologyError(f"rank {rank} posts {type(instruction).__name__.lower()} "
+                                    f"{instruction.name!r}: topology = None; communication needs a topology")
+            from simulator.engine.network_model import NetworkModel
+            self._network = NetworkModel(self.env, self.topology, self.ranks, self.plan)
+        return self._network
+
+    @property
+    def network_model(self) -> NetworkModel | None:
+        return self._network
 
 
 class _RankState:
@@ -33,7 +122,11 @@ class _RankState:
         self.env = env
         self.failed = False
         self.marks: list[tuple[str, int, float]] = []
-        self.blocked: dict[str, str] = {}
+        self.blocked: dict[str, tuple[int, object, object]] = {}    # stream -> (index, instruction, why)
+        self.comm_streams: dict[str, None] = {}
+        self.comm_signalled: dict[str, bool] = {}    # event -> signalled by a communication stream
+        self.comm_intervals: list[tuple[float, float]] = []
+        self.exposed_intervals: list[tuple[float, float]] = []
 
     def event(self, name: str) -> simpy.Event:
         if name not in self.events:
@@ -42,30 +135,55 @@ class _RankState:
 
 
 def simulate_programs(programs: list[Program], allocators: list[Allocator],
-                      capacities: list[int], options: EngineOptions = EngineOptions()) -> Trace:
-    """Run every rank's streams to completion; returns the Trace (OOM stops the failing rank)."""
+                      capacities: list[int], options: EngineOptions = EngineOptions(),
+                      topology: Topology | None = None, plan: ParallelPlan | None = None) -> EngineTrace:
+    """Run every rank's streams to completion; returns the trace with each rank's communication.
+
+    Args:
+        programs: one per simulated rank (global rank r runs on GPU r of `topology`).
+        allocators: one allocator model per program.
+        capacities: device memory per program, bytes.
+        options: recording knobs.
+        topology: the cluster; needed as soon as a program holds a Collective, Send or Recv.
+        plan: the parallel plan; with it, ranks not simulated (symmetry) load the network like their
+            representatives (see simulator/engine/network_model.py).
+
+    Raises:
+        EngineDeadlock: (a DeadlockError) streams blocked forever; lists every blocked (rank, stream,
+            instruction) with what it waits for: an event, a peer's send/recv, members of a collective.
+    """
     env = simpy.Environment()
     states = [_RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
+    world = _World(env, tuple(p.rank for p in programs), topology, plan)
     finished: list[str] = []
     for state in states:
         for stream, instructions in state.program.streams.items():
-            env.process(_stream_process(env, state, stream, instructions, options, finished))
+            env.process(_stream_process(env, state, stream, instructions, options, finished, world))
     env.run()
     expected = sum(len(s.program.streams) for s in states)
     if len(finished) != expected and not any(s.failed for s in states):
-        blocked = [f"rank {s.program.rank} stream {stream} waiting for {event}"
-                   for s in states for stream, event in sorted(s.blocked.items())]
-        raise DeadlockError("simulation deadlocked: " + "; ".join(blocked))
+        blocked = tuple(_blocked(s, stream) for s in states for stream in sorted(s.blocked))
+        raise EngineDeadlock("simulation deadlocked: " + "; ".join(str(b) for b in blocked), blocked)
     return _collect(states, env.now)
 
 
+def _blocked(state: _RankState, stream: str) -> BlockedInstruction:
+    index, instruction, why = state.blocked[stream]
+    if isinstance(instruction, WaitFor):
+        text, reason = f"WaitFor({instruction.event!r})", f"waiting for {instruction.event}"
+    else:
+        text = f"{type(instruction).__name__}({instruction.name!r})"
+        reason = why.reason or "in progress"
+    return BlockedInstruction(state.program.rank, stream, index, text, reason)
+
+
 def _stream_process(env, state: _RankState, stream: str, instructions, options: EngineOptions,
-                    finished: list[str]):
+                    finished: list[str], world: _World):
     memory = state.memory
     trace = state.trace
     rank = state.program.rank
     record_spans = options.record_spans
-    for instruction in instructions:
+    for index, instruction in enumerate(instructions):
         if state.failed:
             return
         kind = type(instruction)
@@ -90,17 +208,51 @@ def _stream_process(env, state: _RankState, stream: str, instructions, options: 
         elif kind is Signal:
             event = state.event(instruction.event)
             if not event.triggered:
+                if stream in state.comm_streams:
+                    state.comm_signalled[instruction.event] = True
                 event.succeed()
         elif kind is WaitFor:
             event = state.event(instruction.event)
             if not event.triggered:
-                state.blocked[stream] = instruction.event
+                state.blocked[stream] = (index, instruction, None)
+                waited_from = env.now
                 yield event
                 state.blocked.pop(stream, None)
+                if stream == COMPUTE_STREAM and state.comm_signalled.get(instruction.event) \
+                        and env.now > waited_from:
+                    state.exposed_intervals.append((waited_from, env.now))
         elif kind is Mark:
             if instruction.label == "measure":
                 memory.start_measuring()
             state.marks.append((instruction.label, instruction.iteration, env.now))
+        elif kind is Collective or kind is Send or kind is Recv:
+            state.comm_streams[stream] = None
+            allocs = instruction.allocs if kind is not Send else ()
+            if allocs:
+                _allocate(state, allocs, stream, env.now, instruction.name)
+            network = world.network(rank, instruction)
+            if kind is Collective:
+                pending = network.collective(rank, instruction)
+                span_kind = instruction.kind
+            elif kind is Send:
+                pending = network.send(rank, instruction)
+                span_kind = "send"
+            else:
+                pending = network.recv(rank, instruction)
+                span_kind = "recv"
+            if not pending.done.triggered:
+                state.blocked[stream] = (index, instruction, pending)
+            yield pending.done
+            state.blocked.pop(stream, None)
+            posted = pending.posted_s
+            state.comm_intervals.append((posted, env.now))
+            if stream == COMPUTE_STREAM and env.now > posted:
+                state.exposed_intervals.append((posted, env.now))
+            if record_spans:
+                trace.spans.append(Span(rank, stream, instruction.name, span_kind, COMM_PHASE, posted, env.now,
+                                        0.0, int(instruction.size_bytes), instruction.iteration))
+            if kind is Collective and instruction.frees:
+                memory.free(instruction.frees, env.now, instruction.name)
     finished.append(stream)
 
 
@@ -109,10 +261,25 @@ def _allocate(state: _RankState, tensors, stream: str, time_s: float, op: str) -
     return True
 
 
-def _collect(states: list[_RankState], end_time_s: float) -> Trace:
+def _covered(intervals: tuple[tuple[float, float], ...], start_s: float, end_s: float) -> float:
+    """Length of the union of `intervals` clipped to [start_s, end_s]."""
+    total = 0.0
+    reach = -math.inf
+    for a, b in sorted(intervals):
+        a, b = max(a, start_s, reach), min(b, end_s)
+        if b > a:
+            total += b - a
+        reach = max(reach, b)
+    return total
+
+
+def _collect(states: list[_RankState], end_time_s: float) -> EngineTrace:
     ranks = []
     bounds: list[tuple[float, float]] = []
+    communication: dict[int, RankCommunication] = {}
     for state in states:
+        communication[state.program.rank] = RankCommunication(tuple(state.comm_intervals),
+                                                              tuple(state.exposed_intervals))
         memory = state.memory
         trace = state.trace
         trace.memory = memory.samples
@@ -130,4 +297,4 @@ def _collect(states: list[_RankState], end_time_s: float) -> Trace:
             starts = {it: t for label, it, t in state.marks if label == "iteration_start"}
             ends = {it: t for label, it, t in state.marks if label == "iteration_end"}
             bounds = [(starts[i], ends[i]) for i in sorted(starts) if i in ends]
-    return Trace(ranks, bounds, end_time_s)
+    return EngineTrace(ranks, bounds, end_time_s, communication)

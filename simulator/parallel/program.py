@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from simulator.errors import PlanError
 from simulator.workload.graph import Op, Tensor
+
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
+COMM_STREAM = "comm"          # collectives (DDP buckets, ZeRO, TP when overlapped)
+SEND_STREAM = "pp_send"       # pipeline sends
+RECV_STREAM = "pp_recv"       # pipeline receives
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +61,81 @@ class Mark:
     iteration: int
 
 
-Instruction = Run | Alloc | Free | Signal | WaitFor | Mark
+def _check_size(what: str, name: str, size_bytes: object) -> None:
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, (int, float)) \
+            or not math.isfinite(size_bytes) or size_bytes < 0:
+        raise PlanError(f"{what} {name!r}: size_bytes = {size_bytes!r} must be a finite number >= 0")
+
+
+def _check_rank(what: str, name: str, key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanError(f"{what} {name!r}: {key} = {value!r} must be a global rank (an integer >= 0)")
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A collective over `group` (global ranks, each once): allocate `allocs`, communicate, free `frees`.
+
+    Every simulated member posts the same (kind, name, iteration) on its own stream; the k-th post of that
+    key on one rank matches the k-th post on the others. `size_bytes` follows nccl-tests (the all_reduce
+    buffer, all_gather's output, reduce_scatter's input, all_to_all's send buffer, broadcast's buffer; the
+    root of a broadcast is group[0]).
+    """
+
+    name: str
+    kind: str
+    group: tuple[int, ...]
+    size_bytes: float
+    allocs: tuple[int, ...] = ()
+    frees: tuple[int, ...] = ()
+    iteration: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLLECTIVE_KINDS:
+            raise PlanError(f"collective {self.name!r}: kind = {self.kind!r} must be one of "
+                            f"{', '.join(COLLECTIVE_KINDS)}")
+        if not isinstance(self.group, tuple) or not self.group:
+            raise PlanError(f"collective {self.name!r}: group = {self.group!r} must be a non-empty tuple of ranks")
+        for rank in self.group:
+            _check_rank("collective", self.name, "group", rank)
+        if len(set(self.group)) != len(self.group):
+            raise PlanError(f"collective {self.name!r}: group = {self.group!r} must list every rank once")
+        _check_size("collective", self.name, self.size_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `size_bytes` to rank `peer` (blocking until the matching Recv(peer=this rank, tag) is posted)."""
+
+    name: str
+    peer: int
+    size_bytes: float
+    tag: str
+    iteration: int = 0
+
+    def __post_init__(self) -> None:
+        _check_rank("send", self.name, "peer", self.peer)
+        _check_size("send", self.name, self.size_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Recv:
+    """Receive `size_bytes` from rank `peer` into `allocs` (allocated when posted); blocks until delivered."""
+
+    name: str
+    peer: int
+    size_bytes: float
+    tag: str
+    allocs: tuple[int, ...] = ()
+    iteration: int = 0
+
+    def __post_init__(self) -> None:
+        _check_rank("recv", self.name, "peer", self.peer)
+        _check_size("recv", self.name, self.size_bytes)
+
+
+Instruction = Run | Alloc | Free | Signal | WaitFor | Mark | Collective | Send | Recv
+COMM_INSTRUCTIONS = (Collective, Send, Recv)
 
 
 @dataclass(frozen=True)
