@@ -35,9 +35,11 @@ class EngineOptions:
 
 @dataclass(frozen=True)
 class RankCommunication:
-    """One rank's communication: when its communication instructions were in progress (posted to done)
-    and when its compute stream was held up by communication (waits on events a communication stream
-    signalled, and communication instructions run on the compute stream itself). Seconds."""
+    """One rank's communication, seconds: when its communication instructions were moving bytes (from the
+    launch — all members or both peers posted — to completion; waiting for a late peer is not
+    communication) and when its compute stream was held up by it: the part of a compute-stream wait, on
+    an event a communication stream signalled, during which that stream was transferring, plus any
+    communication instruction run on the compute stream itself."""
 
     intervals: tuple[tuple[float, float], ...] = ()
     exposed_intervals: tuple[tuple[float, float], ...] = ()
@@ -124,7 +126,8 @@ class _RankState:
         self.marks: list[tuple[str, int, float]] = []
         self.blocked: dict[str, tuple[int, object, object]] = {}    # stream -> (index, instruction, why)
         self.comm_streams: dict[str, None] = {}
-        self.comm_signalled: dict[str, bool] = {}    # event -> signalled by a communication stream
+        self.comm_signalled: dict[str, str] = {}     # event -> the communication stream that signalled it
+        self.stream_transfers: dict[str, list[tuple[float, float]]] = {}   # comm stream -> transfer times
         self.comm_intervals: list[tuple[float, float]] = []
         self.exposed_intervals: list[tuple[float, float]] = []
 
@@ -209,7 +212,7 @@ def _stream_process(env, state: _RankState, stream: str, instructions, options: 
             event = state.event(instruction.event)
             if not event.triggered:
                 if stream in state.comm_streams:
-                    state.comm_signalled[instruction.event] = True
+                    state.comm_signalled[instruction.event] = stream
                 event.succeed()
         elif kind is WaitFor:
             event = state.event(instruction.event)
@@ -218,9 +221,9 @@ def _stream_process(env, state: _RankState, stream: str, instructions, options: 
                 waited_from = env.now
                 yield event
                 state.blocked.pop(stream, None)
-                if stream == COMPUTE_STREAM and state.comm_signalled.get(instruction.event) \
-                        and env.now > waited_from:
-                    state.exposed_intervals.append((waited_from, env.now))
+                signaller = state.comm_signalled.get(instruction.event)
+                if stream == COMPUTE_STREAM and signaller is not None and env.now > waited_from:
+                    _expose(state, signaller, waited_from, env.now)
         elif kind is Mark:
             if instruction.label == "measure":
                 memory.start_measuring()
@@ -244,12 +247,14 @@ def _stream_process(env, state: _RankState, stream: str, instructions, options: 
                 state.blocked[stream] = (index, instruction, pending)
             yield pending.done
             state.blocked.pop(stream, None)
-            posted = pending.posted_s
-            state.comm_intervals.append((posted, env.now))
-            if stream == COMPUTE_STREAM and env.now > posted:
-                state.exposed_intervals.append((posted, env.now))
+            started = pending.start_s
+            if env.now > started:
+                state.comm_intervals.append((started, env.now))
+                state.stream_transfers.setdefault(stream, []).append((started, env.now))
+                if stream == COMPUTE_STREAM:
+                    state.exposed_intervals.append((started, env.now))
             if record_spans:
-                trace.spans.append(Span(rank, stream, instruction.name, span_kind, COMM_PHASE, posted, env.now,
+                trace.spans.append(Span(rank, stream, instruction.name, span_kind, COMM_PHASE, started, env.now,
                                         0.0, int(instruction.size_bytes), instruction.iteration))
             if kind is Collective and instruction.frees:
                 memory.free(instruction.frees, env.now, instruction.name)
@@ -259,6 +264,17 @@ def _stream_process(env, state: _RankState, stream: str, instructions, options: 
 def _allocate(state: _RankState, tensors, stream: str, time_s: float, op: str) -> bool:
     state.memory.allocate(tensors, stream, time_s, op)
     return True
+
+
+def _expose(state: _RankState, signaller: str, waited_from_s: float, now_s: float) -> None:
+    """Count the part of a compute-stream wait during which the signalling stream was transferring."""
+    transfers = state.stream_transfers.get(signaller, ())
+    for start_s, end_s in reversed(transfers):     # one stream's transfers are sequential
+        if end_s <= waited_from_s:
+            break
+        a, b = max(start_s, waited_from_s), min(end_s, now_s)
+        if b > a:
+            state.exposed_intervals.append((a, b))
 
 
 def _covered(intervals: tuple[tuple[float, float], ...], start_s: float, end_s: float) -> float:

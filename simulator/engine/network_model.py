@@ -14,8 +14,6 @@ links exactly as in a full simulation.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-
 import simpy
 
 from simulator.errors import PlanError
@@ -28,15 +26,6 @@ from simulator.parallel.program import Collective, Recv, Send
 AXES_TRIED = ("tp", "dp", "pp")
 
 
-@dataclass(frozen=True)
-class CommRecord:
-    """When a posted communication instruction started moving bytes and finished (seconds)."""
-
-    posted_s: float
-    start_s: float
-    end_s: float
-
-
 class Pending:
     """A posted communication instruction: its `done` event and a description of what it waits for."""
 
@@ -44,13 +33,8 @@ class Pending:
         self.done = env.event()
         self.rank = rank
         self.posted_s = posted_s
-        self.start_s: float | None = None
+        self.start_s = posted_s     # set again when the transfer launches
         self.reason = ""
-
-    def record(self, end_s: float) -> CommRecord:
-        """The record of a finished instruction."""
-        start = self.start_s if self.start_s is not None else end_s
-        return CommRecord(self.posted_s, start, end_s)
 
 
 class _Operation:
