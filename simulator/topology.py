@@ -145,7 +145,8 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
     try:
         device = get_device(name)
     except TopologyError as error:
-        raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {error}") from None
+        raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {_multi_gpu_hint(name) or error}") \
+            from None
     calibration = None
     if scenario.cluster.calibration is not None:
         calibration = read_calibration(scenario.cluster.calibration)
@@ -166,3 +167,14 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
         raise TopologyError(f"{scenario.source}: allocator.context_bytes = {context}: must be less than "
                             f"the device memory ({device.memory_bytes} bytes)")
     return Cluster(device, 1, kind, context, device.memory_bytes - context, calibration)
+
+
+def _multi_gpu_hint(name: str) -> str:
+    """For a multi-GPU topology name: say which single device to simulate instead ('' otherwise)."""
+    from simulator.network.topology import list_topologies, load_topology
+
+    if name not in list_topologies():
+        return ""
+    topology = load_topology(name)
+    return (f"{topology.num_gpus}-GPU topology; this version simulates one device "
+            f"(tp = pp = dp = 1): set cluster.topology to its GPU, {topology.gpu_device.name!r}")
