@@ -17,7 +17,7 @@ from simulator.trace.records import RankTrace, Span, Trace
 from simulator.workload.graph import CATEGORIES
 
 if TYPE_CHECKING:
-    from simulator.engine.network_model import NetworkModel, Pending
+    from simulator.engine.network_model import NetworkModel
     from simulator.network.topology import Topology
     from simulator.parallel.plan import ParallelPlan
 
@@ -31,6 +31,7 @@ class EngineOptions:
 
     record_timeline: bool = True
     record_spans: bool = True
+    shadow_traffic: bool = True     # with a plan: unsimulated ranks' traffic loads the links (symmetry)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     """
     env = simpy.Environment()
     states = [_RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
-    world = _World(env, tuple(p.rank for p in programs), topology, plan)
+    world = _World(env, tuple(p.rank for p in programs), topology, plan if options.shadow_traffic else None)
     finished: list[str] = []
     for state in states:
         for stream, instructions in state.program.streams.items():

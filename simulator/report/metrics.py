@@ -55,6 +55,12 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         phase_time[key] /= iterations
     compute /= iterations
     idle = max(0.0, iteration_time - compute)
+    comm_total = comm_exposed = 0.0
+    communication = getattr(trace, "communication", {}).get(rank_trace.rank)
+    if communication is not None and end > start:
+        comm_total, comm_exposed = communication.between(start, end)
+        comm_total /= iterations
+        comm_exposed /= iterations
     tokens = recipe.micro_batch_size * recipe.accumulation_steps * scenario.parallel.dp * scenario.model.seq_length
     tokens_per_s = tokens / iteration_time if iteration_time > 0 else 0.0
     peak = peak_flop_rate(device, scenario.training.precision)
@@ -80,7 +86,7 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "breakdown_at_peak": {c: int(rank_trace.breakdown_at_peak.get(c, 0)) for c in CATEGORIES},
         "category_peaks": {c: int(rank_trace.category_peaks.get(c, 0)) for c in CATEGORIES},
         "peak_op": rank_trace.peak_op,
-        "compute_s": compute, "exposed_communication_s": 0.0, "idle_s": idle,
+        "compute_s": compute, "exposed_communication_s": comm_exposed, "idle_s": idle,
     }
     return {
         "scenario": scenario.name,
@@ -90,7 +96,7 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "model_flops_per_iteration": flops,
         "mfu": mfu,
         "bubble_fraction": 0.0,
-        "communication": {"total_s": 0.0, "exposed_s": 0.0},
+        "communication": {"total_s": comm_total, "exposed_s": comm_exposed},
         "ranks": [rank],
         "warnings": warnings,
         "device": device.name,
@@ -99,7 +105,7 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "allocator": cluster.allocator_kind,
         "model": {"name": scenario.model.preset or scenario.model.architecture,
                   "parameters": int(workload.parameter_count)},
-        "time_breakdown": {**phase_time, "exposed_communication_s": 0.0, "idle_s": idle},
+        "time_breakdown": {**phase_time, "exposed_communication_s": comm_exposed, "idle_s": idle},
         "oom": None if oom is None else {
             "op": oom.op, "tensor": oom.tensor, "requested_bytes": oom.requested_bytes,
             "allocated_bytes": oom.allocated_bytes, "reserved_bytes": oom.reserved_bytes,

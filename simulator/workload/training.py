@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from simulator.errors import PlanError
+from simulator.workload.data_parallel import (
+    DataParallelSetup, LandingPolicy, MicrobatchOps, ParamInfo, apply_data_parallel,
+)
 from simulator.workload.graph import DTYPE_BYTES, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
 from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
@@ -36,6 +40,9 @@ class Recipe:
     activation_compression: str = "none"     # "int8": saved activations kept as int8 + row scales
     tp: int = 1                              # tensor-parallel size (Megatron-LM sharding, per rank)
     sequence_parallel: bool = False          # Megatron sequence parallelism (only with tp > 1)
+    dp: int = 1                              # data-parallel size (see workload/data_parallel.py)
+    zero_stage: int = 0                      # 0 (DDP) | 1 | 2 | 3; megatron: 0 | 1 (distributed optimizer)
+    bucket_size_bytes: int = 25_000_000      # gradient bucket size (DDP bucket_cap, DeepSpeed reduce_bucket)
 
 
 @dataclass(frozen=True)
@@ -77,22 +84,9 @@ class IterationWorkload:
     gradients: tuple[int, ...]                  # freed by zero_grad(set_to_none=True)
     parameter_count: int
     meta: dict[str, object] = field(default_factory=dict)
-
-
-class _GradPolicy:
-    """Tracks which parameters hold a gradient while a micro-batch's backward runs."""
-
-    def __init__(self, accumulate_into_existing: bool):
-        self.accumulate = accumulate_into_existing
-        self.seen: set[int] = set()
-        self.grads: list[Tensor] = []
-
-    def has_grad(self, param: Ref) -> bool:
-        return self.accumulate or param.id in self.seen
-
-    def became_grad(self, param: Ref, grad: Tensor) -> None:
-        self.seen.add(param.id)
-        self.grads.append(grad)
+    # With data parallelism and gradient accumulation, the last micro-batch synchronizes gradients
+    # and the others do not (DDP no_sync): its ops; empty when it runs `later_microbatch` unchanged.
+    last_microbatch: list[Op] = field(default_factory=list)
 
 
 def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
@@ -127,13 +121,28 @@ def _grad_scaler(ids: IdSource, tensors: dict[int, Tensor], params: list[MasterP
     return persistent, unscale
 
 
+def _check_data_parallel(recipe: Recipe) -> None:
+    if not isinstance(recipe.dp, int) or recipe.dp < 1:
+        raise PlanError(f"parallel.dp = {recipe.dp!r} must be a positive integer")
+    if recipe.zero_stage not in (0, 1, 2, 3):
+        raise PlanError(f"parallel.zero_stage = {recipe.zero_stage!r}: allowed 0, 1, 2, 3")
+    if recipe.framework == "megatron" and recipe.zero_stage > 1:
+        raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: framework 'megatron' shards optimizer "
+                        f"states only (distributed optimizer); allowed 0, 1")
+    if not isinstance(recipe.bucket_size_bytes, int) or recipe.bucket_size_bytes < 1:
+        raise PlanError(f"parallel.bucket_size = {recipe.bucket_size_bytes!r} must be a positive number of bytes")
+
+
 def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
-    """Build the ops of one training iteration on one rank (no pipeline or data parallelism).
+    """Build the ops of one training iteration on one rank (no pipeline parallelism).
 
     With `recipe.tp` > 1 the rank holds its tensor-parallel shards and its ops include the
     tensor-parallel collectives (op class COLLECTIVE, group "tp"); the persistent all_gather
-    buffer of sequence parallelism is allocated with the parameters.
+    buffer of sequence parallelism is allocated with the parameters. With `recipe.dp` > 1 the
+    rank's gradient synchronization and ZeRO sharding (`recipe.zero_stage`) are added as
+    data_parallel.py describes (collectives of group "dp"); dp = 1 is the single-device program.
     """
+    _check_data_parallel(recipe)
     dts = dtypes_for(recipe.precision, recipe.framework)
     b = recipe.micro_batch_size
     compress = recipe.activation_compression == "int8"
@@ -150,12 +159,13 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     loss = builder.forward(idx, targets)
     # Communication buffers are created on first use during the forward.
     persistent_refs = builder.params.refs + builder.buffers + ops.comm_buffers
-    policy = _GradPolicy(dts.persistent_grad_buffer)
-    first_ops, tensors = tape.finish(loss, policy)
+    policy = LandingPolicy(dts.persistent_grad_buffer)
+    first_ops, tensors = policy.finish(tape, loss)
     first_ops = annotate_collectives(first_ops, ops.collectives)
     tensors = dict(tensors)
     grads = [g.id for g in policy.grads]
     later_ops: list[Op] = []
+    later_policy: LandingPolicy | None = None
     next_id = max(tensors) + 1 if tensors else tape.next_tensor_id
     if recipe.accumulation_steps > 1:
         # Later micro-batches accumulate into the existing gradients: same forward, new tensor ids.
@@ -168,7 +178,9 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
                    sequence_parallel=recipe.sequence_parallel, comm_buffers=ops._comm_buffers)
         builder.ops, builder.tape = ops2, tape2
         loss2 = builder.forward(idx, targets)
-        later_ops, tensors2 = tape2.finish(loss2, _GradPolicy(True))
+        # ZeRO-2/3 release each gradient once it is reduced: every micro-batch produces a fresh `.grad`.
+        later_policy = LandingPolicy(dts.persistent_grad_buffer or recipe.dp == 1 or recipe.zero_stage < 2)
+        later_ops, tensors2 = later_policy.finish(tape2, loss2)
         later_ops = annotate_collectives(later_ops, ops2.collectives)
         tensors.update(tensors2)
         next_id = max(tensors) + 1
@@ -216,7 +228,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     for gid in grads:
         t = tensors[gid]
         tensors[gid] = Tensor(t.id, t.name, t.nbytes, GRADIENTS, t.dtype, t.shape)
-    return IterationWorkload(
+    workload = IterationWorkload(
         tensors=tensors,
         persistent=tuple(persistent),
         optimizer_state_ids=tuple(t.id for t in state_tensors),
@@ -228,3 +240,13 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         parameter_count=sum(numel(r.shape) for r in params.refs),
         meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp},
     )
+    if recipe.dp == 1:
+        return workload
+    setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
+                              recipe.accumulation_steps, recipe.optimizer, recipe.optimizer_implementation,
+                              profile.device_kind == "cpu", dts.param, dts.master)
+    infos = [ParamInfo(ref.id, name, numel(ref.shape), dts.grad,
+                       grad_buffers[k] if grad_buffers else None)
+             for k, (ref, name) in enumerate(zip(params.refs, params.names))]
+    lists = MicrobatchOps(first_ops, policy, later_ops, later_policy)
+    return apply_data_parallel(workload, setup, infos, lists, ids)
