@@ -91,7 +91,14 @@ class TransformerBuilder:
     """Declares a model's parameters and records one micro-batch's forward pass."""
 
     def __init__(self, ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing,
-                 micro_batch: int):
+                 micro_batch: int, layers: range | None = None, first: bool = True, last: bool = True):
+        """A builder of the whole model, or of one pipeline stage.
+
+        Args:
+            layers: the transformer layers this builder holds (default: all of them).
+            first: it holds the embedding (the first pipeline stage).
+            last: it holds the final norm, the head and the loss (the last pipeline stage).
+        """
         self.ops = ops
         self.tape = ops.tape
         self.m = shape
@@ -100,10 +107,17 @@ class TransformerBuilder:
         self.b = micro_batch
         self.tp = ops.tp
         self.sp = ops.sp
+        self.layer_range = range(shape.num_layers) if layers is None else layers
+        if not self.layer_range or self.layer_range.step != 1 or self.layer_range.start < 0 \
+                or self.layer_range.stop > shape.num_layers:
+            raise PlanError(f"layers = {self.layer_range!r}: must be a non-empty contiguous range inside "
+                            f"0..{shape.num_layers} (model.num_layers = {shape.num_layers})")
+        self.first = first
+        self.last = last
         self._check_tp()
         self.vocab_rank = -(-shape.vocab // self.tp)      # rows of the vocabulary on this rank
         self.params = Params([], [])
-        self.layers: list[dict[str, Ref]] = []
+        self.layers: dict[int, dict[str, Ref]] = {}
         self.top: dict[str, Ref] = {}
         self.buffers: list[Ref] = []
         self._declare()
@@ -145,7 +159,9 @@ class TransformerBuilder:
         t = self.tp
         kvd = m.kv_heads * m.head_dim
         vocab = self.vocab_rank
-        if m.architecture == "llama":
+        if not self.first:
+            pass
+        elif m.architecture == "llama":
             self.top["wte"] = self._p("embed_tokens.weight", (vocab, h))
         elif m.architecture == "vit":
             self.top["patch"] = self._p("patch_embed.weight", (h, m.channels * m.patch * m.patch))
@@ -158,7 +174,7 @@ class TransformerBuilder:
             if m.architecture == "bert":
                 self.top["wtt"] = self._p("token_type_embeddings.weight", (m.type_vocab, h))
                 self.top.update({f"emb_ln_{k}": v for k, v in self._norm_params("embeddings.LayerNorm").items()})
-        for i in range(m.num_layers):
+        for i in self.layer_range:
             layer: dict[str, Ref] = {}
             pre = f"layers.{i}"
             layer.update({f"ln1_{k}": v for k, v in self._norm_params(f"{pre}.ln_1").items()})
@@ -184,7 +200,13 @@ class TransformerBuilder:
                               self._linear_params(f"{pre}.mlp.c_fc", h, m.ffn // t).items()})
                 layer.update({f"fc2_{k}": v for k, v in
                               self._linear_params(f"{pre}.mlp.c_proj", m.ffn // t, h).items()})
-            self.layers.append(layer)
+            self.layers[i] = layer
+        if self.last:
+            self._declare_head(vocab)
+        self._declare_buffers()
+
+    def _declare_head(self, vocab: int) -> None:
+        m, h = self.m, self.m.hidden
         self.top.update({f"lnf_{k}": v for k, v in self._norm_params("ln_f").items()})
         if m.architecture == "bert":
             self.top.update({f"mlm_{k}": v for k, v in self._linear_params("cls.transform.dense", h, h).items()})
@@ -193,38 +215,44 @@ class TransformerBuilder:
         if m.architecture == "vit":
             self.top["head"] = self._p("head.weight", (m.classes, h))
             self.top["head_b"] = self._p("head.bias", (m.classes,))
-        elif not m.tied:
+        elif not m.tied or not self.first:
+            # A tied head on a later pipeline stage keeps its own copy of the word embeddings (Megatron).
             self.top["head"] = self._p("lm_head.weight", (vocab, h))
         else:
             self.top["head"] = self.top["wte"]
-        self._declare_buffers()
 
     def _declare_buffers(self) -> None:
         m = self.m
         ops = self.ops
-        self.causal: list[Ref] = []
+        self.causal: dict[int, Ref] = {}
         if m.architecture == "gpt":
             # One bool (1, 1, P, P) causal-mask buffer per layer, as HF GPT-2 / nanoGPT register it.
-            for i in range(m.num_layers):
+            for i in self.layer_range:
                 ref = ops.buffer(f"layers.{i}.attn.bias", (1, 1, m.positions, m.positions), "bool")
                 self.buffers.append(ref)
-                self.causal.append(ref)
+                self.causal[i] = ref
         elif m.architecture == "llama":
             # RoPE cos/sin tables (P, head_dim) in the build dtype and one shared bool causal mask.
             self.rope_cos = ops.buffer("rope_cos", (m.positions, m.head_dim), self.pdt)
             self.rope_sin = ops.buffer("rope_sin", (m.positions, m.head_dim), self.pdt)
             mask = ops.buffer("causal_mask", (1, 1, m.positions, m.positions), "bool")
             self.buffers += [self.rope_cos, self.rope_sin, mask]
-            self.causal = [mask] * m.num_layers
+            self.causal = {i: mask for i in self.layer_range}
 
     # ------------------------------------------------------------------ forward
-    def forward(self, idx: Ref, targets: Ref) -> Ref:
-        """Record the forward of one micro-batch; returns the loss ref."""
-        m = self.m
-        x = self._embed(idx)
-        regions = {first: last for first, last in self.ckpt.block_regions(m.num_layers)}
+    def forward(self, idx: Ref | None, targets: Ref | None, stage_input: Ref | None = None) -> Ref:
+        """Record the forward of one micro-batch; returns the loss ref (the stage output if not last).
+
+        A builder that is not `first` starts from `stage_input` (the activation received from the
+        previous pipeline stage) instead of embedding `idx`; one that is not `last` returns the
+        output of its last layer, kept alive until backward (the pipeline's output cache).
+        """
+        x = self._embed(idx) if self.first else stage_input
+        start = self.layer_range.start
+        regions = {start + first: start + last
+                   for first, last in self.ckpt.block_regions(len(self.layer_range))}
         closing: int | None = None
-        for i in range(m.num_layers):
+        for i in self.layer_range:
             self.tape.layer = i
             if i in regions:
                 self.tape.begin_checkpoint((x,))
@@ -234,6 +262,9 @@ class TransformerBuilder:
                 self.tape.end_checkpoint()
                 closing = None
         self.tape.layer = -1
+        if not self.last:
+            self.tape.keep_until_end(x)
+            return x
         return self._head(x, targets)
 
     def _embed(self, idx: Ref) -> Ref:
