@@ -4,7 +4,6 @@ paper's formulas, communication volume, DDP buckets, no_sync, ZeRO-3 gathers, an
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +21,7 @@ from simulator.workload.graph import (
     COLLECTIVE, COMMUNICATION_BUFFERS, DTYPE_BYTES, GRADIENTS, OPTIMIZER_STATES, PARAMETERS,
 )
 from simulator.workload.training import build_iteration
+from workload_digests import SINGLE_DEVICE_DIGESTS, workload_digest
 
 MODEL_STATES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATES)
 K_ADAM = 12     # fp32 master + two fp32 Adam moments (ZeRO paper)
@@ -283,19 +283,6 @@ def test_zero3_lowers_peak_parameters_below_zero2():
 
 
 # ------------------------------------------------------------------------------- dp = 1 unchanged
-def _signature(workload) -> str:
-    rows = [(op.name, op.op_class, op.phase, tuple(workload.tensors[i].nbytes for i in op.allocs),
-             tuple(workload.tensors[i].nbytes for i in op.frees))
-            for op in workload.first_microbatch + workload.later_microbatch + workload.optimizer]
-    persistent = [(workload.tensors[i].name, workload.tensors[i].nbytes) for i in workload.persistent]
-    return hashlib.sha256(repr((rows, persistent)).encode()).hexdigest()
-
-
-# The digests tests/test_tensor_parallel.py pins for the same small models (code before DP existed).
-BEFORE_DP = {
-    "gpt": "51319770d19b20bba68a6ac3a5d6f52fbfebc0d7c259ad391f4333912410c8da",
-    "llama": "075ef3703aaf85e1cc4a7b178d85d5cea23e8f8dbd154a0a3ca64f6a7e840e53",
-}
 
 
 def _small(architecture: str) -> dict:
@@ -313,7 +300,7 @@ def _small(architecture: str) -> dict:
 @pytest.mark.parametrize("architecture", ["gpt", "llama"])
 def test_dp_one_builds_the_same_program_as_before(architecture, stage):
     _, _, workload = _build(_small(architecture), 1, stage, 25_000_000)
-    assert _signature(workload) == BEFORE_DP[architecture]
+    assert workload_digest(workload) == SINGLE_DEVICE_DIGESTS[architecture]
     assert not workload.last_microbatch and "dp" not in workload.meta
 
 

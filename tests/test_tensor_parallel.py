@@ -4,7 +4,6 @@ sharded parameter bytes, collective sizes, and tp = 1 leaving the program unchan
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +21,7 @@ from simulator.workload.graph import (
     COLLECTIVE, COLLECTIVES, COMMUNICATION_BUFFERS, FORWARD, PARAMETERS,
 )
 from simulator.workload.training import build_iteration
+from workload_digests import SINGLE_DEVICE_DIGESTS, workload_digest
 
 LAYERS = 3
 MIDDLE = 1
@@ -191,20 +191,6 @@ def test_row_parallel_reduce_scatter_output_is_a_sequence_shard():
 
 
 # ------------------------------------------------------------------------------- tp = 1 is unchanged
-def _signature(workload) -> str:
-    rows = [(op.name, op.op_class, op.phase, tuple(workload.tensors[i].nbytes for i in op.allocs),
-             tuple(workload.tensors[i].nbytes for i in op.frees))
-            for op in workload.first_microbatch + workload.later_microbatch + workload.optimizer]
-    persistent = [(workload.tensors[i].name, workload.tensors[i].nbytes) for i in workload.persistent]
-    return hashlib.sha256(repr((rows, persistent)).encode()).hexdigest()
-
-
-# Digests of the op list (names, classes, phases, alloc and free sizes) built by the code before
-# tensor parallelism existed (commit b7f9421); tp = 1 must reproduce them exactly.
-BEFORE_TP = {
-    "gpt": "51319770d19b20bba68a6ac3a5d6f52fbfebc0d7c259ad391f4333912410c8da",
-    "llama": "075ef3703aaf85e1cc4a7b178d85d5cea23e8f8dbd154a0a3ca64f6a7e840e53",
-}
 
 
 def _small(architecture: str) -> dict:
@@ -218,7 +204,7 @@ def _small(architecture: str) -> dict:
 def test_tp_one_builds_the_same_program_as_before(architecture):
     _, _, _, default = _build(_small(architecture))
     _, _, _, explicit = _build(_small(architecture), tp=1, sequence_parallel=True)   # SP is off at tp = 1
-    assert _signature(default) == _signature(explicit) == BEFORE_TP[architecture]
+    assert workload_digest(default) == workload_digest(explicit) == SINGLE_DEVICE_DIGESTS[architecture]
     assert not _collectives(default.first_microbatch + default.later_microbatch)
 
 
