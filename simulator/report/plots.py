@@ -184,7 +184,7 @@ def _legend_handles(with_oom: bool) -> list:
     handles += [
         Line2D([], [], color="black", linewidth=1.0, label="allocated"),
         Line2D([], [], color="#1f77b4", linewidth=1.0, label="reserved"),
-        Line2D([], [], color="#d62728", linewidth=1.2, linestyle="--", label="capacity"),
+        Line2D([], [], color="#d62728", linewidth=1.2, linestyle="--", label="capacity left to the allocator"),
         Line2D([], [], color="black", marker="v", linestyle="", label="peak allocated"),
         Line2D([], [], color="#666666", linewidth=0.7, linestyle=":", label="iteration bounds"),
     ]

@@ -81,6 +81,8 @@ class Checkpointing:
         if self.mode.startswith("segments:"):
             segments = int(self.mode.split(":")[1])
             size = num_layers // segments
+            if size == 0:
+                return []        # fewer layers than segments (a short pipeline stage): no region
             # torch.utils.checkpoint.checkpoint_sequential: segments of `size` blocks, the last
             # segment (whatever remains) runs without checkpointing.
             return [(start, start + size - 1) for start in range(0, size * (segments - 1), size)]
