@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from simulator.engine.allocator import make_allocator
@@ -61,7 +62,7 @@ def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
                   implementation, t.recompute, t.activation_compression)
 
 
-def _check_plan(scenario: Scenario) -> None:
+def _check_plan(scenario: Scenario, multi: bool = False) -> None:
     p = scenario.parallel
     src = scenario.source
     m = scenario.model
@@ -75,9 +76,12 @@ def _check_plan(scenario: Scenario) -> None:
                         f"model.num_layers = {m.num_layers}")
     for key in ("tp", "pp", "dp"):
         value = getattr(p, key)
-        if value != 1:
+        if value != 1 and not multi:
             raise PlanError(f"{src}: parallel.{key} = {value}: this version simulates one device "
                             f"(tp = pp = dp = 1); multi-device plans are not available yet")
+    if multi and p.pp > 1 and p.dp > 1 and p.zero_stage:
+        raise PlanError(f"{src}: parallel.zero_stage = {p.zero_stage}: ZeRO with parallel.pp = {p.pp} > 1 is "
+                        f"not available yet (allowed with pp > 1: 0)")
     for key in ("offload_optimizer", "offload_params", "offload_activations"):
         value = getattr(p, key)
         if value != "none":
@@ -92,6 +96,10 @@ def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
 
 def simulate(scenario: Scenario) -> Result:
     """Simulate a scenario and summarize it (the job not fitting is a result, not an error)."""
+    p = scenario.parallel
+    if p.dp * p.tp * p.pp > 1:
+        _check_plan(scenario, multi=True)
+        return simulate_multi(scenario)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     device = cluster.device
@@ -108,3 +116,70 @@ def simulate(scenario: Scenario) -> Result:
                               EngineOptions())
     report = build_report(scenario, cluster, workload, recipe, trace)
     return Result(report, trace, scenario)
+
+
+def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
+    """recipe_for plus the parallel options (tp, sequence parallelism, dp, ZeRO, bucket size)."""
+    p = scenario.parallel
+    return dataclasses.replace(recipe_for(scenario, device), tp=p.tp, sequence_parallel=p.sequence_parallel and p.tp > 1,
+                               dp=p.dp, zero_stage=p.zero_stage if p.dp > 1 else 0,
+                               bucket_size_bytes=int(p.bucket_size))
+
+
+def simulate_multi(scenario: Scenario) -> Result:
+    """Simulate a dp × tp × pp plan on a multi-GPU cluster: one representative rank per pipeline stage.
+
+    With tp = pp = dp = 1 on a one-device cluster this gives the same result as `simulate`.
+    """
+    from simulator.network.topology import load_topology
+    from simulator.parallel.lower_multi import lower_multi
+    from simulator.parallel.plan import make_plan
+    from simulator.parallel.schedule_check import load_schedule
+    from simulator.report.metrics import build_multi_report
+
+    cluster = resolve_cluster(scenario)
+    device = cluster.device
+    p = scenario.parallel
+    if cluster.topology is None and p.dp * p.tp * p.pp > 1:
+        _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key
+    topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
+    plan = make_plan(scenario, topology)
+    recipe = multi_recipe(scenario, device)
+    p = scenario.parallel
+    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    shape, profile = model_shape(scenario), kernel_profile(device)
+    workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None
+    programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
+                                      scenario.run.warmup_iterations, scenario.run.iterations, workload)
+    allocators = [make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
+                                 max_split_size_bytes=scenario.allocator.max_split_size,
+                                 roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
+                                 expandable_segments=scenario.allocator.expandable_segments,
+                                 record_events=scenario.run.record_events) for _ in programs]
+    trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
+                              EngineOptions(), topology=topology, plan=plan)
+    report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
+    return Result(report, trace, scenario)
+
+
+def load_topology_for(device: DeviceSpec):
+    """A one-GPU topology for `device` (the multi-rank path on a one-device cluster has no communication)."""
+    return _OneGpu(device)
+
+
+@dataclass(frozen=True)
+class _OneGpu:
+    """The minimal topology make_plan needs for a one-device cluster."""
+
+    device: DeviceSpec
+    num_gpus: int = 1
+    gpus_per_node: int = 1
+    nodes: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.device.name
+
+    @property
+    def gpu_device(self) -> DeviceSpec:
+        return self.device

@@ -50,6 +50,7 @@ class Cluster:
     context_bytes: int              # memory outside the allocator (CUDA context, library workspaces)
     allocator_capacity_bytes: int   # device memory minus context_bytes
     calibration: Calibration | None = field(default=None, compare=False)
+    topology: object | None = field(default=None, compare=False)   # network Topology of a multi-GPU cluster
 
     @property
     def capacity_bytes(self) -> int:
@@ -142,11 +143,16 @@ def apply_calibration(device: DeviceSpec, calibration: Calibration) -> DeviceSpe
 def resolve_cluster(scenario: Scenario) -> Cluster:
     """Find the device named by cluster.topology, apply cluster.calibration, and size the allocator's budget."""
     name = scenario.cluster.topology
+    topology = None
+    p = scenario.parallel
     try:
         device = get_device(name)
     except TopologyError as error:
-        raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {_multi_gpu_hint(name) or error}") \
-            from None
+        if p.dp * p.tp * p.pp == 1:
+            raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: "
+                                f"{_multi_gpu_hint(name) or error}") from None
+        topology = _multi_gpu_topology(scenario, name, error)
+        device = topology.gpu_device
     calibration = None
     if scenario.cluster.calibration is not None:
         calibration = read_calibration(scenario.cluster.calibration)
@@ -154,7 +160,7 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
             device = apply_calibration(device, calibration)
         except TopologyError as error:
             raise TopologyError(f"{scenario.source}: cluster.calibration: {error}") from None
-    if scenario.cluster.nodes != 1:
+    if topology is None and scenario.cluster.nodes != 1:
         raise TopologyError(f"{scenario.source}: cluster.nodes = {scenario.cluster.nodes}: a single "
                             f"device topology has exactly one node")
     kind = scenario.allocator.kind
@@ -166,7 +172,20 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
     if context >= device.memory_bytes:
         raise TopologyError(f"{scenario.source}: allocator.context_bytes = {context}: must be less than "
                             f"the device memory ({device.memory_bytes} bytes)")
-    return Cluster(device, 1, kind, context, device.memory_bytes - context, calibration)
+    nodes = 1 if topology is None else topology.nodes
+    return Cluster(device, nodes, kind, context, device.memory_bytes - context, calibration, topology)
+
+
+def _multi_gpu_topology(scenario: Scenario, name: str, error: TopologyError):
+    """Load the multi-GPU topology cluster.topology names, with cluster.nodes servers."""
+    from simulator.network.topology import list_topologies, load_topology
+
+    if name not in list_topologies() and not name.endswith(".toml"):
+        raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {error}") from None
+    try:
+        return load_topology(name, nodes=scenario.cluster.nodes)
+    except TopologyError as failure:
+        raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {failure}") from None
 
 
 def _multi_gpu_hint(name: str) -> str:

@@ -113,3 +113,74 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
             "live_by_category": dict(oom.live_by_category),
             "largest_live": [[name, size] for name, size in oom.largest_live]},
     }
+
+
+class _StageFlops:
+    """The two attributes `model_flops` reads, for one pipeline stage's workload (all its chunks)."""
+
+    def __init__(self, workloads) -> None:
+        self.first_microbatch = [op for w in workloads for op in w.microbatches[0].forward + w.microbatches[0].backward]
+        self.later_microbatch = [op for w in workloads if len(w.microbatches) > 1
+                                 for op in w.microbatches[1].forward + w.microbatches[1].backward]
+        self.parameter_count = sum(w.parameter_count for w in workloads)
+        self.meta: dict[str, object] = {}
+
+
+def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace) -> dict:
+    """The DESIGN.md report for a multi-rank simulation: one representative rank per pipeline stage.
+
+    `bubble_fraction` is the idle share of the busiest stage (the most compute); `communication` and
+    the model FLOPs (summed over stages, times tp × dp: the whole job's) come from the stage reports;
+    MFU is over all dp × tp × pp GPUs.
+    """
+    import copy
+
+    per_rank = []
+    flops_total = 0.0
+    for program, rank_trace in zip(programs, trace.ranks):
+        view = copy.copy(trace)
+        view.ranks = [rank_trace]
+        if plan.pp == 1:
+            workload = workloads[0]
+        else:
+            workload = _StageFlops([w for (stage, _), w in sorted(workloads.items()) if stage == program.stage])
+        report = build_report(scenario, cluster, workload, recipe, view)
+        report["ranks"][0]["rank"] = program.rank
+        report["ranks"][0]["stage"] = program.stage
+        report["ranks"][0]["parameters"] = int(workload.parameter_count)   # this rank's shard
+        per_rank.append(report)
+        flops_total += report["model_flops_per_iteration"]
+    head = dict(per_rank[0])
+    ranks = [r["ranks"][0] for r in per_rank]
+    busiest = max(range(len(ranks)), key=lambda k: (ranks[k]["compute_s"], -k))
+    iteration_time = head["iteration_time_s"]
+    flops = flops_total * plan.tp * plan.dp
+    world = plan.dp * plan.tp * plan.pp
+    peak = peak_flop_rate(cluster.device, scenario.training.precision)
+    warnings = []
+    for r in per_rank:
+        for w in r["warnings"]:
+            if w not in warnings:
+                warnings.append(w)
+    warnings += [w for w in plan.warnings if w not in warnings]
+    oom = next((r["oom"] for r in per_rank if r["oom"] is not None), None)
+    head.update({
+        "fits": all(r["fits"] for r in per_rank),
+        "model_flops_per_iteration": flops,
+        "mfu": flops / iteration_time / (peak * world) if iteration_time > 0 else 0.0,
+        "bubble_fraction": ranks[busiest]["idle_s"] / iteration_time if iteration_time > 0 else 0.0,
+        "communication": {"total_s": max(r["communication"]["total_s"] for r in per_rank),
+                          "exposed_s": max(r["communication"]["exposed_s"] for r in per_rank)},
+        "ranks": ranks,
+        "warnings": warnings,
+        "oom": oom,
+        "parallel": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "virtual_stages": plan.virtual_stages,
+                     "schedule": scenario.parallel.schedule, "world_size": world},
+        "stages": [{"stage": span.stage, "chunk": span.chunk, "layers": [span.start, span.stop]}
+                   for span in plan.stages],
+    })
+    from simulator.api import model_shape
+    from simulator.workload.transformer import model_parameter_count
+
+    head["model"] = dict(head["model"], parameters=model_parameter_count(model_shape(scenario)))
+    return head

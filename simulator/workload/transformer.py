@@ -547,3 +547,12 @@ class TransformerBuilder:
         self.tape.hold(x, logits)      # locals of the model's forward, alive until it returns
         return loss
 
+
+
+def model_parameter_count(shape: Shape) -> int:
+    """Parameters of the whole (unsharded) model, as its builder declares them."""
+    from simulator.workload.primitives import KernelProfile, Ops
+    from simulator.workload.tape import Tape, numel
+
+    builder = TransformerBuilder(Ops(Tape(), KernelProfile()), shape, "fp32", Checkpointing(), 1)
+    return sum(numel(ref.shape) for ref in builder.params.refs)

@@ -1,0 +1,331 @@
+"""Multi-rank lowering: per representative rank, compute + communication streams from a pipeline schedule.
+
+Conventions (what is modelled and how):
+* Compute stream runs each schedule action's ops: F = the forward ops of that micro-batch and chunk,
+  B = its backward ops. Zero-bubble schedules' I is lowered as the whole backward (B) and W as
+  nothing: the replayed backward interleaves input- and weight-gradient kernels with the frees of
+  saved tensors, so splitting them would misplace memory events.
+* Pipeline messages: after F the stage output is sent to the next stage, after B the input gradient
+  to the previous one (SEND_STREAM, one stream per peer and kind so that sends to different peers do
+  not queue behind each other); a Recv (RECV_STREAM) is posted right before the action that needs it
+  (as torch.distributed.pipelining does) and allocates the received tensor; the compute stream waits
+  for it.
+* Tensor-parallel collectives (group "tp") run on COMM_STREAM and the compute stream waits for them
+  (Megatron's are blocking). Data-parallel reductions (group "dp", all_reduce / reduce_scatter) run
+  on COMM_STREAM overlapped with backward; the compute stream waits for them before the optimizer
+  step. Data-parallel all_gathers (ZeRO parameters) are waited for at once.
+* With pp > 1 the stage workload has no data-parallel ops: its gradients are all-reduced over the dp
+  group (one all_reduce per stage after its last backward) before the optimizer step; ZeRO with
+  pp > 1 is refused.
+* Persistent tensors (parameters, buffers) are allocated at set-up; optimizer states at the first step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.errors import PlanError
+from simulator.hardware.catalog import DeviceSpec
+from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
+from simulator.parallel.plan import ParallelPlan
+from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Collective, Free,
+                                        Instruction, Mark, Program, Recv, Run, Send, Signal, WaitFor)
+from simulator.parallel.schedule_check import CommStep, program as schedule_program
+from simulator.parallel.schedules import Action, Schedule
+from simulator.workload.graph import COLLECTIVE, OPTIMIZER_STEP
+from simulator.workload.primitives import KernelProfile
+from simulator.workload.stage import StageSpec, StageWorkload, build_stage
+from simulator.workload.training import IterationWorkload, Recipe
+from simulator.workload.transformer import Shape
+
+
+@dataclass
+class _Streams:
+    """The instruction lists of one rank under construction, with event counters."""
+
+    rank: int
+    plan: ParallelPlan
+    compute: list[Instruction] = field(default_factory=list)
+    other: dict[str, list[Instruction]] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)     # dp reductions the compute stream has not waited for
+    count: int = 0
+
+    def event(self, label: str) -> str:
+        self.count += 1
+        return f"{label}#{self.count}"
+
+    def stream(self, name: str) -> list[Instruction]:
+        return self.other.setdefault(name, [])
+
+    def collective(self, run: Run) -> None:
+        """Lower a COLLECTIVE op run to a Collective on COMM_STREAM, ordered with the compute stream."""
+        op = run.op
+        axis = op.group if op.group in ("tp", "dp") else "tp"
+        group = self.plan.group_of(self.rank, axis)
+        if len(group) == 1:
+            self.compute.append(run)
+            return
+        ready, done = self.event(f"{op.name}.ready"), self.event(f"{op.name}.done")
+        self.compute.append(Signal(ready))
+        comm = self.stream(COMM_STREAM)
+        comm += [WaitFor(ready), Collective(op.name, op.collective or "all_reduce", group, float(op.comm_bytes),
+                                            op.allocs, op.frees, run.iteration), Signal(done)]
+        if axis == "dp" and op.collective in ("all_reduce", "reduce_scatter"):
+            self.pending.append(done)
+        else:
+            self.compute.append(WaitFor(done))
+
+    def flush(self) -> None:
+        """The compute stream waits for every outstanding data-parallel reduction."""
+        self.compute += [WaitFor(event) for event in self.pending]
+        self.pending.clear()
+
+    def runs(self, runs: list[Run]) -> None:
+        for run in runs:
+            if run.op.op_class == COLLECTIVE:
+                self.collective(run)
+            else:
+                if run.op.phase == OPTIMIZER_STEP and self.pending:
+                    self.flush()
+                self.compute.append(run)
+
+    def program(self, device: DeviceSpec, stage: int, tensors) -> Program:
+        streams = {COMPUTE: tuple(self.compute)}
+        for name in sorted(self.other):
+            streams[name] = tuple(self.other[name])
+        return Program(self.rank, device.name, stage, tensors, streams)
+
+
+def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, plan: ParallelPlan, rank: int,
+                               warmup_iterations: int, iterations: int, accumulation_steps: int) -> Program:
+    """pp = 1: the whole-model program of `rank` (lower_single_rank) with its collectives on COMM_STREAM."""
+    single = lower_single_rank(workload, device, warmup_iterations, iterations, accumulation_steps, rank=rank)
+    instructions = list(single.streams[COMPUTE])
+    if workload.last_microbatch and accumulation_steps > 1:
+        # The last micro-batch synchronizes gradients (DDP no_sync on the others): swap its ops in.
+        last = timed_ops(workload.last_microbatch, workload.tensors, device, 0)
+        later_ids = {id(op) for op in workload.later_microbatch}
+        swapped: list[Instruction] = []
+        microbatch = 0
+        k = 0
+        while k < len(instructions):
+            ins = instructions[k]
+            if isinstance(ins, Alloc) and ins.reason.startswith("micro-batch "):
+                microbatch = int(ins.reason.split()[1])
+            if isinstance(ins, Run) and microbatch == accumulation_steps - 1 and id(ins.op) in later_ids:
+                while k < len(instructions) and isinstance(instructions[k], Run):
+                    k += 1
+                swapped += [_retag(run, ins.iteration) for run in last]
+                continue
+            swapped.append(ins)
+            k += 1
+        instructions = swapped
+    streams = _Streams(rank, plan)
+    for instruction in instructions:
+        if isinstance(instruction, Run):
+            streams.runs([instruction])
+        else:
+            if isinstance(instruction, (Mark, Free)) and streams.pending:
+                streams.flush()
+            streams.compute.append(instruction)
+    return streams.program(device, 0, workload.tensors)
+
+
+def stage_specs(plan: ParallelPlan) -> dict[tuple[int, int], StageSpec]:
+    """(stage, chunk) -> the layers it holds, from the plan's partition."""
+    if not plan.stages:
+        raise PlanError("parallel plan has no stage partition (make_plan builds it)")
+    last = max(span.index for span in plan.stages)
+    return {(span.stage, span.chunk): StageSpec(span.start, span.stop, span.index == 0, span.index == last)
+            for span in plan.stages}
+
+
+def build_stage_workloads(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan,
+                          schedule: Schedule) -> dict[tuple[int, int], StageWorkload]:
+    """Every (stage, chunk) workload in model order; a stage's input has the previous one's output shape."""
+    specs = stage_specs(plan)
+    spans = sorted(plan.stages, key=lambda span: span.index)
+    result: dict[tuple[int, int], StageWorkload] = {}
+    previous: tuple[tuple[int, ...], str] | None = None
+    for span in spans:
+        actions = schedule.ranks[span.stage]
+        backwards = [a.microbatch for a in actions if a.kind in ("B", "I") and a.chunk == span.chunk]
+        first_backward = backwards[0] if backwards else 0
+        workload = build_stage(shape, recipe, profile, specs[(span.stage, span.chunk)], schedule.microbatches,
+                               first_backward, previous)
+        result[(span.stage, span.chunk)] = workload
+        previous = (workload.output_shape, workload.output_dtype)
+    return result
+
+
+def _tag(kind: str, stage: int, microbatch: int, iteration: int) -> str:
+    return f"{kind}:{stage}:{microbatch}:{iteration}"
+
+
+def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
+                     workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
+                     warmup_iterations: int, iterations: int) -> Program:
+    """The program of the representative rank (dp = tp = 0) of pipeline stage `stage`."""
+    if plan.dp > 1 and getattr(plan, "zero_stage", 0):
+        raise PlanError("ZeRO with pp > 1 is not lowered")
+    rank = plan.rank_of(dp=0, pp=stage, tp=0)
+    chunks = sorted(chunk for (s, chunk) in workloads if s == stage)
+    tensors: dict[int, object] = {}
+    offsets: dict[int, int] = {}
+    # Tensor ids of the chunks of one rank are made disjoint by an offset per chunk.
+    offset = 0
+    mine: dict[int, StageWorkload] = {}
+    for chunk in chunks:
+        workload = workloads[(stage, chunk)]
+        if offset:
+            workload = _shift(workload, offset)
+        mine[chunk] = workload
+        offsets[chunk] = offset
+        tensors.update(workload.tensors)
+        offset = max(tensors) + 1
+    timed = {chunk: [(timed_ops(list(mb.forward), w.tensors, device, 0), timed_ops(list(mb.backward), w.tensors,
+                                                                                    device, 0))
+                     for mb in w.microbatches] for chunk, w in mine.items()}
+    steps = {chunk: timed_ops(w.optimizer, w.tensors, device, 0) for chunk, w in mine.items()}
+    streams = _Streams(rank, plan)
+    streams.compute.append(Alloc(tuple(t for w in mine.values() for t in w.persistent), "model set-up"))
+    lowered = schedule_program(schedule)[stage]
+    total = warmup_iterations + iterations
+    for it in range(total):
+        if it == warmup_iterations:
+            streams.compute.append(Mark("measure", it))
+        streams.compute.append(Mark("iteration_start", it))
+        for step in lowered:
+            if isinstance(step, CommStep):
+                _comm(streams, step, plan, mine, schedule, it)
+                continue
+            _action(streams, step, mine, timed, it)
+        streams.flush()
+        if plan.dp > 1:
+            _dp_all_reduce(streams, mine, plan, it)
+        for chunk in chunks:
+            workload = mine[chunk]
+            if it == 0:
+                streams.compute.append(Alloc(workload.optimizer_state_ids, "optimizer state (first step)"))
+            streams.runs([_retag(run, it) for run in steps[chunk]])
+            streams.compute.append(Free(workload.gradients, "zero_grad(set_to_none=True)"))
+        streams.compute.append(Mark("iteration_end", it))
+    return streams.program(device, stage, tensors)
+
+
+def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], timed, it: int) -> None:
+    workload = mine[action.chunk]
+    mb = workload.microbatches[action.microbatch]
+    forward, backward = timed[action.chunk][action.microbatch]
+    if action.kind == "F":
+        if mb.inputs:
+            streams.compute.append(Alloc(mb.inputs, f"micro-batch {action.microbatch} inputs"))
+        streams.runs([_retag(run, it) for run in forward])
+    elif action.kind in ("B", "I"):
+        streams.runs([_retag(run, it) for run in backward])
+        done = mb.inputs + ((mb.stage_input,) if mb.stage_input is not None else ())
+        if done:
+            streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))
+    # W: its kernels ran with I (module docstring).
+
+
+def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int, StageWorkload],
+          schedule: Schedule, it: int) -> None:
+    transfer = step.transfer
+    peer = plan.rank_of(dp=0, pp=step.peer, tp=0)
+    producer = transfer.producer
+    tag = _tag(transfer.kind, producer.stage, producer.microbatch, it)
+    if step.op == "send":
+        mb = mine[producer.chunk if producer.chunk is not None else schedule.chunk_of(producer.stage)] \
+            .microbatches[producer.microbatch]
+        size = mb.output_bytes if transfer.kind == "activation" else mb.input_grad_bytes
+        ready = streams.event(f"send.{tag}")
+        streams.compute.append(Signal(ready))
+        streams.stream(f"{SEND_STREAM}.{transfer.kind}").extend(
+            [WaitFor(ready), Send(f"send_{transfer.kind}", peer, float(size), tag, it)])
+        return
+    consumer = transfer.consumer
+    chunk = consumer.chunk if consumer.chunk is not None else schedule.chunk_of(consumer.stage)
+    mb = mine[chunk].microbatches[consumer.microbatch]
+    if transfer.kind == "activation":
+        allocs, size = (mb.stage_input,), mine[chunk].tensors[mb.stage_input].nbytes
+    else:
+        allocs, size = (mb.grad_output,), mine[chunk].tensors[mb.grad_output].nbytes
+    post, done = streams.event(f"post.{tag}"), streams.event(f"recv.{tag}")
+    streams.compute.append(Signal(post))
+    streams.stream(RECV_STREAM).extend([WaitFor(post), Recv(f"recv_{transfer.kind}", peer, float(size), tag,
+                                                            allocs, it), Signal(done)])
+    streams.compute.append(WaitFor(done))
+
+
+def _dp_all_reduce(streams: _Streams, mine: dict[int, StageWorkload], plan: ParallelPlan, it: int) -> None:
+    group = plan.group_of(streams.rank, "dp")
+    size = sum(w.tensors[g].nbytes for w in mine.values() for g in w.gradients)
+    ready, done = streams.event("dp.grad.ready"), streams.event("dp.grad.done")
+    streams.compute.append(Signal(ready))
+    streams.stream(COMM_STREAM).extend([WaitFor(ready), Collective("dp.grad_all_reduce", "all_reduce", group,
+                                                                   float(size), (), (), it), Signal(done)])
+    streams.compute.append(WaitFor(done))
+
+
+def _retag(run: Run, iteration: int) -> Run:
+    return run if iteration == 0 else Run(run.op, run.duration_s, iteration)
+
+
+def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
+    """The workload with every tensor id moved by `offset` (for a second chunk on the same rank)."""
+    from dataclasses import replace
+
+    from simulator.workload.graph import Tensor
+
+    def ids(values):
+        return tuple(v + offset for v in values)
+
+    def op(o):
+        return replace(o, inputs=ids(o.inputs), outputs=ids(o.outputs), allocs=ids(o.allocs), frees=ids(o.frees))
+
+    tensors = {tid + offset: Tensor(t.id + offset, t.name, t.nbytes, t.category, t.dtype, t.shape, t.persistent)
+               for tid, t in workload.tensors.items()}
+    microbatches = tuple(replace(mb, forward=tuple(op(o) for o in mb.forward),
+                                 backward=tuple(op(o) for o in mb.backward), inputs=ids(mb.inputs),
+                                 stage_input=None if mb.stage_input is None else mb.stage_input + offset,
+                                 grad_output=None if mb.grad_output is None else mb.grad_output + offset)
+                         for mb in workload.microbatches)
+    return replace(workload, tensors=tensors, persistent=ids(workload.persistent),
+                   optimizer_state_ids=ids(workload.optimizer_state_ids), microbatches=microbatches,
+                   optimizer=[op(o) for o in workload.optimizer], gradients=ids(workload.gradients))
+
+
+def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan, schedule: Schedule,
+                device: DeviceSpec, warmup_iterations: int, iterations: int,
+                workload: IterationWorkload | None = None) -> tuple[list[Program], dict]:
+    """One Program per representative rank of `plan` (one per pipeline stage).
+
+    Args:
+        shape, recipe, profile: the model, training options (tp, dp, zero) and kernel profile.
+        plan: the parallel plan (with its stage partition).
+        schedule: the pipeline schedule (pp ranks, recipe.accumulation_steps micro-batches).
+        device: the GPU of every rank.
+        warmup_iterations, iterations: as for lower_single_rank.
+        workload: with pp = 1, the whole-model iteration (training.build_iteration) to lower.
+
+    Returns:
+        (programs, workloads): programs ordered by rank; workloads by stage (IterationWorkload for pp = 1,
+        else a dict (stage, chunk) -> StageWorkload).
+
+    Raises:
+        PlanError: ZeRO with pp > 1, or pp = 1 without `workload`.
+    """
+    if plan.pp == 1:
+        if workload is None:
+            raise PlanError("lower_multi: pp = 1 needs the whole-model workload")
+        program = lower_data_tensor_parallel(workload, device, plan, 0, warmup_iterations, iterations,
+                                             recipe.accumulation_steps)
+        return [program], {0: workload}
+    if recipe.dp > 1 and recipe.zero_stage:
+        raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO with parallel.pp = {plan.pp} > 1 is not "
+                        f"available yet (allowed with pp > 1: 0)")
+    workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
+    programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations)
+                for stage in range(plan.pp)]
+    return programs, workloads
