@@ -127,7 +127,8 @@ def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
 
 
 def simulate_multi(scenario: Scenario) -> Result:
-    """Simulate a dp × tp × pp plan on a multi-GPU cluster: one representative rank per pipeline stage.
+    """Simulate a dp × tp × pp plan on a multi-GPU cluster: one representative rank per pipeline stage
+    (`run.full`: every rank; the report still lists the representatives).
 
     With tp = pp = dp = 1 on a one-device cluster this gives the same result as `simulate`.
     """
@@ -149,8 +150,9 @@ def simulate_multi(scenario: Scenario) -> Result:
     schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
     shape, profile = model_shape(scenario), kernel_profile(device)
     workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None
+    full = scenario.run.full and plan.world_size > 1
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
-                                      scenario.run.warmup_iterations, scenario.run.iterations, workload)
+                                      scenario.run.warmup_iterations, scenario.run.iterations, workload, full)
     allocators = [make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
                                  max_split_size_bytes=scenario.allocator.max_split_size,
                                  roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
@@ -158,7 +160,14 @@ def simulate_multi(scenario: Scenario) -> Result:
                                  record_events=scenario.run.record_events) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                               EngineOptions(), topology=topology, plan=plan)
-    report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
+    if full:
+        # The report lists each stage's representative (dp = tp = 0), as the reduced simulation does.
+        keep = [k for k, program in enumerate(programs)
+                if plan.coords(program.rank).dp == 0 and plan.coords(program.rank).tp == 0]
+        shown = dataclasses.replace(trace, ranks=[trace.ranks[k] for k in keep])
+        report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown)
+    else:
+        report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
     return Result(report, trace, scenario)
 
 

@@ -69,6 +69,7 @@ def run(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a key: section.key=value.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write report, trace, snapshot, plot here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON report.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Simulate every rank (sets run.full = true).")] = False,
 ) -> None:
     """Simulate one training scenario and report memory, time and whether it fits."""
     from simulator.api import simulate
@@ -76,7 +77,7 @@ def run(
     from simulator.scenario import load_scenario
 
     try:
-        loaded = load_scenario(scenario, set_ or [])
+        loaded = load_scenario(scenario, (set_ or []) + (["run.full=true"] if full else []))
         result = simulate(loaded)
     except MemsimError as error:
         _fail(str(error))

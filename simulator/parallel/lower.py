@@ -11,14 +11,23 @@ from simulator.workload.training import IterationWorkload
 COMPUTE = "compute"
 
 
+def _signature(op: Op, hits: int) -> tuple:
+    """What op_time_s reads of an op (everything but tensor ids, layer and micro-batch) and its L2 hits."""
+    return (op.name, op.op_class, op.phase, op.flops, op.bytes_read, op.bytes_written, op.dtype, op.gemm_mnk,
+            op.gemm_batch, hits)
+
+
 def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
-              iteration: int) -> list[Run]:
+              iteration: int, cache: dict[tuple, float] | None = None) -> list[Run]:
     """Cost each op on `device`; an input the previous op just wrote is read from L2 if it fits.
 
     Collective ops (tensor-parallel all_reduce / all_gather / reduce_scatter) take 0 s here: this
     single-rank lowering has no topology or group. The network model
     (simulator/network/collectives.py: `collective_time_s` over the group's GPUs on the cluster's
     topology) prices them when multi-rank lowering lands; until then `memsim run` refuses tp > 1.
+
+    `cache` (one per device), when given, keeps each distinct op signature's time: the many identical
+    ops of a pipeline stage's micro-batches are costed once.
     """
     runs: list[Run] = []
     previous_outputs: dict[int, int] = {}
@@ -30,7 +39,15 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
             if produced <= l2:
                 hits = sum(previous_outputs.get(tid, 0) for tid in op.inputs)
                 hits = min(hits, op.bytes_read)
-        duration_s = 0.0 if op.op_class == COLLECTIVE else op_time_s(op, device, hits)
+        if op.op_class == COLLECTIVE:
+            duration_s = 0.0
+        elif cache is None:
+            duration_s = op_time_s(op, device, hits)
+        else:
+            key = _signature(op, hits)
+            duration_s = cache.get(key)
+            if duration_s is None:
+                duration_s = cache[key] = op_time_s(op, device, hits)
         runs.append(Run(op, duration_s, iteration))
         previous_outputs = {tid: tensors[tid].nbytes for tid in op.outputs if tid in tensors}
     return runs

@@ -164,11 +164,11 @@ def _tag(kind: str, stage: int, microbatch: int, iteration: int) -> str:
 
 def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
-                     warmup_iterations: int, iterations: int) -> Program:
-    """The program of the representative rank (dp = tp = 0) of pipeline stage `stage`."""
+                     warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0) -> Program:
+    """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0)."""
     if plan.dp > 1 and getattr(plan, "zero_stage", 0):
         raise PlanError("ZeRO with pp > 1 is not lowered")
-    rank = plan.rank_of(dp=0, pp=stage, tp=0)
+    rank = plan.rank_of(dp=dp, pp=stage, tp=tp)
     chunks = sorted(chunk for (s, chunk) in workloads if s == stage)
     tensors: dict[int, object] = {}
     offsets: dict[int, int] = {}
@@ -183,8 +183,9 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
         offsets[chunk] = offset
         tensors.update(workload.tensors)
         offset = max(tensors) + 1
-    timed = {chunk: [(timed_ops(list(mb.forward), w.tensors, device, 0), timed_ops(list(mb.backward), w.tensors,
-                                                                                    device, 0))
+    cache: dict[tuple, float] = {}
+    timed = {chunk: [(timed_ops(list(mb.forward), w.tensors, device, 0, cache),
+                      timed_ops(list(mb.backward), w.tensors, device, 0, cache))
                      for mb in w.microbatches] for chunk, w in mine.items()}
     steps = {chunk: timed_ops(w.optimizer, w.tensors, device, 0) for chunk, w in mine.items()}
     streams = _Streams(rank, plan)
@@ -232,9 +233,12 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
 def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int, StageWorkload],
           schedule: Schedule, it: int) -> None:
     transfer = step.transfer
-    peer = plan.rank_of(dp=0, pp=step.peer, tp=0)
+    coords = plan.coords(streams.rank)
+    peer = plan.rank_of(dp=coords.dp, pp=step.peer, tp=coords.tp)
     producer = transfer.producer
     tag = _tag(transfer.kind, producer.stage, producer.microbatch, it)
+    # Both ends carry the same name, which is how the Chrome trace pairs them into a flow arrow.
+    name = f"{transfer.kind} from stage {producer.stage} microbatch {producer.microbatch}"
     if step.op == "send":
         mb = mine[producer.chunk if producer.chunk is not None else schedule.chunk_of(producer.stage)] \
             .microbatches[producer.microbatch]
@@ -242,7 +246,7 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
         ready = streams.event(f"send.{tag}")
         streams.compute.append(Signal(ready))
         streams.stream(f"{SEND_STREAM}.{transfer.kind}").extend(
-            [WaitFor(ready), Send(f"send_{transfer.kind}", peer, float(size), tag, it)])
+            [WaitFor(ready), Send(name, peer, float(size), tag, it)])
         return
     consumer = transfer.consumer
     chunk = consumer.chunk if consumer.chunk is not None else schedule.chunk_of(consumer.stage)
@@ -253,7 +257,7 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
         allocs, size = (mb.grad_output,), mine[chunk].tensors[mb.grad_output].nbytes
     post, done = streams.event(f"post.{tag}"), streams.event(f"recv.{tag}")
     streams.compute.append(Signal(post))
-    streams.stream(RECV_STREAM).extend([WaitFor(post), Recv(f"recv_{transfer.kind}", peer, float(size), tag,
+    streams.stream(RECV_STREAM).extend([WaitFor(post), Recv(name, peer, float(size), tag,
                                                             allocs, it), Signal(done)])
     streams.compute.append(WaitFor(done))
 
@@ -298,8 +302,8 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
 
 def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan, schedule: Schedule,
                 device: DeviceSpec, warmup_iterations: int, iterations: int,
-                workload: IterationWorkload | None = None) -> tuple[list[Program], dict]:
-    """One Program per representative rank of `plan` (one per pipeline stage).
+                workload: IterationWorkload | None = None, full: bool = False) -> tuple[list[Program], dict]:
+    """One Program per representative rank of `plan` (one per pipeline stage), or per rank with `full`.
 
     Args:
         shape, recipe, profile: the model, training options (tp, dp, zero) and kernel profile.
@@ -308,9 +312,11 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         device: the GPU of every rank.
         warmup_iterations, iterations: as for lower_single_rank.
         workload: with pp = 1, the whole-model iteration (training.build_iteration) to lower.
+        full: lower every rank of the plan (no symmetry reduction); programs come in rank order, rank 0
+            (stage 0's representative) first.
 
     Returns:
-        (programs, workloads): programs ordered by rank; workloads by stage (IterationWorkload for pp = 1,
+        (programs, workloads): programs ordered by stage (by rank with `full`); workloads by stage (IterationWorkload for pp = 1,
         else a dict (stage, chunk) -> StageWorkload).
 
     Raises:
@@ -319,13 +325,21 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
     if plan.pp == 1:
         if workload is None:
             raise PlanError("lower_multi: pp = 1 needs the whole-model workload")
-        program = lower_data_tensor_parallel(workload, device, plan, 0, warmup_iterations, iterations,
-                                             recipe.accumulation_steps)
-        return [program], {0: workload}
+        ranks = range(plan.world_size) if full else (0,)
+        programs = [lower_data_tensor_parallel(workload, device, plan, rank, warmup_iterations, iterations,
+                                               recipe.accumulation_steps) for rank in ranks]
+        return programs, {0: workload}
     if recipe.dp > 1 and recipe.zero_stage:
         raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO with parallel.pp = {plan.pp} > 1 is not "
                         f"available yet (allowed with pp > 1: 0)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
-    programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations)
-                for stage in range(plan.pp)]
+    if not full:
+        programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations)
+                    for stage in range(plan.pp)]
+        return programs, workloads
+    programs = []
+    for rank in range(plan.world_size):
+        c = plan.coords(rank)
+        programs.append(lower_stage_rank(plan, schedule, c.pp, workloads, device, warmup_iterations, iterations,
+                                         dp=c.dp, tp=c.tp))
     return programs, workloads

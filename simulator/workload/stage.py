@@ -12,7 +12,7 @@ Data parallelism is not applied here: gradient synchronization of a stage is add
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simulator.errors import PlanError
 from simulator.workload.data_parallel import LandingPolicy
@@ -75,6 +75,37 @@ class StageWorkload:
     meta: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Template:
+    """A recorded micro-batch and its tensor-id block [base, base + span) that later ones copy."""
+
+    microbatch: MicrobatchStage
+    tensors: dict[int, Tensor]
+    base: int
+    span: int
+
+    def copy(self, index: int, base: int, into: dict[int, Tensor]) -> MicrobatchStage:
+        """Micro-batch `index` with its block at `base`; adds its tensors to `into`."""
+        shift = base - self.base
+        low = self.base
+
+        def ids(values: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(v + shift if v >= low else v for v in values)
+
+        def op(o: Op) -> Op:
+            return replace(o, inputs=ids(o.inputs), outputs=ids(o.outputs), allocs=ids(o.allocs),
+                           frees=ids(o.frees), microbatch=index)
+
+        for tid, t in self.tensors.items():
+            into[tid + shift] = replace(t, id=tid + shift)
+        mb = self.microbatch
+        return MicrobatchStage(
+            forward=tuple(op(o) for o in mb.forward), backward=tuple(op(o) for o in mb.backward),
+            inputs=ids(mb.inputs), stage_input=None if mb.stage_input is None else ids((mb.stage_input,))[0],
+            grad_output=None if mb.grad_output is None else ids((mb.grad_output,))[0],
+            output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes)
+
+
 def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], int]:
     """Split a replayed micro-batch at the loss seed; returns (forward, backward, seed tensor id)."""
     for k, op in enumerate(ops):
@@ -85,8 +116,8 @@ def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ..
 
 
 def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: StageSpec, microbatches: int,
-                first_backward: int = 0, stage_input: tuple[tuple[int, ...], str] | None = None
-                ) -> StageWorkload:
+                first_backward: int = 0, stage_input: tuple[tuple[int, ...], str] | None = None,
+                replay_all: bool = False) -> StageWorkload:
     """Build one pipeline stage's ops for `microbatches` micro-batches.
 
     Args:
@@ -97,6 +128,9 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             the others accumulate into them).
         stage_input: (shape, dtype) of the activation received from the previous stage; required
             unless `spec.first`.
+        replay_all: record every micro-batch on its own tape. By default only the micro-batches up to
+            the first one after `first_backward` (and after 0) are recorded; the later ones are that
+            one's copy with its tensor ids moved to their own block (the same ops, allocs and frees).
 
     Returns:
         The StageWorkload.
@@ -126,7 +160,14 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
     persistent_refs: list[Ref] = []
     output_shape: tuple[int, ...] = ()
     output_dtype = ""
+    template: _Template | None = None     # a replayed micro-batch the later ones are copies of
+    next_id = 0
     for j in range(microbatches):
+        if template is not None:
+            # Identical up to tensor ids (its own block moves by a constant) and the micro-batch index.
+            results.append(template.copy(j, next_id, tensors))
+            next_id += template.span
+            continue
         if j > 0:
             next_id = max(max(tensors) + 1, tape.next_tensor_id)
             new_tape = Tape(microbatch=j, first_tensor_id=next_id, compress_saved=compress, rng_state_bytes=rng_bytes)
@@ -174,7 +215,12 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             grad_output=None if spec.last else seed,
             output_bytes=0 if spec.last else loss.nbytes,
             input_grad_bytes=0 if received is None else received.nbytes))
-    ids = IdSource(max(max(tensors) + 1, tape.next_tensor_id))
+        end = max(max(tensors) + 1, tape.next_tensor_id)
+        if j > 0 and j > first_backward and replay_all is False:
+            block = {tid: t for tid, t in tensors.items() if tid >= next_id}
+            template = _Template(results[-1], block, next_id, end - next_id)
+        next_id = end
+    ids = IdSource(max(max(tensors) + 1, tape.next_tensor_id, next_id))
     first_tape_storages = tape._storages
     for ref in persistent_refs:
         st = first_tape_storages[ref.id]

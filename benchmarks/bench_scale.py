@@ -1,0 +1,86 @@
+"""Time one iteration of GPT-3 175B at cluster scale (issue 3, point 10): 1,024 and 16,384 A100.
+
+Run from the repository root::
+
+    python benchmarks/bench_scale.py [--global-batch 1536] [--dp 8,128] [--timeout-s 600]
+
+Each case is dgx-a100 nodes with tp 8, pp 16, the given dp (nodes = dp · 16), 1F1B, micro-batch 1,
+bf16-mixed, megatron, full recompute, warm-up 0, one iteration, no allocator events: the scenario of
+the issue. Every case runs in its own process (`memsim run --json`) so that a case over the time limit
+is stopped and reported as such. Wall time per case goes to stderr as a table, the JSON list to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCENARIO = """name = "gpt3-175b-{world}-a100"
+[model]
+preset = "gpt3-175b"
+[training]
+micro_batch_size = 1
+global_batch_size = {global_batch}
+precision = "bf16-mixed"
+framework = "megatron"
+recompute = "full"
+[parallel]
+tp = 8
+pp = 16
+dp = {dp}
+[cluster]
+topology = "dgx-a100"
+nodes = {nodes}
+[run]
+warmup_iterations = 0
+record_events = false
+"""
+
+
+def run_case(dp: int, global_batch: int, timeout_s: float) -> dict:
+    """Simulate one case in a subprocess; returns its wall seconds and key results (or the timeout)."""
+    world = dp * 128
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "scenario.toml"
+        path.write_text(SCENARIO.format(world=world, global_batch=global_batch, dp=dp, nodes=world // 8))
+        start = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(path), "--json"],
+                                  capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return {"dp": dp, "gpus": world, "global_batch": global_batch, "wall_s": None, "timed_out": True}
+        wall_s = time.perf_counter() - start
+    row = {"dp": dp, "gpus": world, "global_batch": global_batch, "wall_s": wall_s, "timed_out": False,
+           "returncode": done.returncode}
+    if done.returncode == 0:
+        report = json.loads(done.stdout)
+        row.update(iteration_time_s=report["iteration_time_s"], bubble_fraction=report["bubble_fraction"],
+                   fits=report["fits"])
+    else:
+        row["stderr"] = done.stderr[-2000:]
+    return row
+
+
+def main() -> None:
+    """Parse the options, run every case, print the table (stderr) and the JSON (stdout)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--global-batch", type=int, default=1536)
+    parser.add_argument("--dp", default="8,128", help="comma-separated dp sizes (GPUs = dp · 128)")
+    parser.add_argument("--timeout-s", type=float, default=600.0)
+    args = parser.parse_args()
+    rows = [run_case(int(dp), args.global_batch, args.timeout_s) for dp in args.dp.split(",")]
+    for row in rows:
+        wall = "timeout" if row["timed_out"] else f"{row['wall_s']:.1f} s"
+        print(f"dp {row['dp']:>4}  {row['gpus']:>6} GPUs  global batch {row['global_batch']:>5}  {wall}",
+              file=sys.stderr)
+    json.dump(rows, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The multi-GPU scenarios in scenarios/multi/ run as a user runs them and say something true."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTI = ROOT / "scenarios" / "multi"
+# Scenarios whose first comment block says "slow:" take longer than this file's budget.
+SLOW_MARK = "# slow:"
+
+# Megatron bf16-mixed: bf16 params 2, fp32 main_grad 4, fp32 master + Adam m, v 12 (bytes/param).
+MEGATRON_BYTES = {"parameters": 2, "gradients": 4, "optimizer_states": 12}
+# 1F1B bubble vs (p-1)/(m+p-1): the closed form assumes equal stages and free communication;
+# memsim's stages differ (embedding / head), the iteration includes the optimizer step and the
+# send/recv of activations, so allow 0.05 absolute (measured: 0.246 vs 0.273, 0.101 vs 0.111).
+BUBBLE_TOLERANCE = 0.05
+
+
+def _is_slow(path: Path) -> bool:
+    return any(line.startswith(SLOW_MARK) for line in path.read_text().splitlines())
+
+
+def _fast_scenarios() -> list[Path]:
+    return [p for p in sorted(MULTI.glob("*.toml")) if not _is_slow(p)]
+
+
+def _slow_scenarios() -> list[Path]:
+    return [p for p in sorted(MULTI.glob("*.toml")) if _is_slow(p)]
+
+
+def _run(path: Path, out: Path | None = None, overrides: tuple[str, ...] = ()) -> dict:
+    args = ["run", str(path), "--json"]
+    for item in overrides:
+        args += ["--set", item]
+    if out is not None:
+        args += ["--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
+    """Each fast scenario simulated once through the CLI with --out (report, output directory)."""
+    out: dict[str, tuple[dict, Path]] = {}
+    for path in _fast_scenarios():
+        directory = tmp_path_factory.mktemp(path.stem)
+        out[path.stem] = (_run(path, directory), directory)
+    return out
+
+
+def _pp(report: dict) -> int:
+    return report["parallel"]["pp"]
+
+
+def _microbatches(report: dict, global_batch: int, micro: int) -> int:
+    return global_batch // (micro * report["parallel"]["dp"])
+
+
+def test_there_are_multi_gpu_scenarios_and_each_states_its_question():
+    paths = sorted(MULTI.glob("*.toml"))
+    assert len(paths) >= 6
+    for path in paths:
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# Question:"), path
+
+
+def test_every_fast_scenario_reports_a_rank_for_every_stage(reports):
+    for name, (report, _) in reports.items():
+        stages = sorted(r["stage"] for r in report["ranks"])
+        assert stages == list(range(_pp(report))), name
+        assert report["parallel"]["world_size"] == 4, name
+        assert report["model"]["parameters"] == 6_738_415_616, name
+
+
+@pytest.mark.parametrize("name", ["llama7b-4x4090-pp4", "llama7b-4x4090-tp2-pp2", "llama7b-4x4090-tp4",
+                                  "llama7b-4x4090-dp4-zero3"])
+def test_llama7b_full_training_does_not_fit_four_4090s(reports, name):
+    """16-18 bytes of model state per parameter over 4 GPUs is > 27 GB: more than a 24 GB card."""
+    report, _ = reports[name]
+    assert report["fits"] is False
+    for rank in report["ranks"]:
+        assert rank["peak_reserved_bytes"] > rank["capacity_bytes"]
+
+
+def test_megatron_model_states_per_stage_match_18_bytes_per_parameter(reports):
+    """Pipeline-only plan: each stage holds 2 + 4 + 12 bytes per parameter of its own layers (±1%)."""
+    report, _ = reports["llama7b-4x4090-pp4"]
+    assert sum(r["parameters"] for r in report["ranks"]) == report["model"]["parameters"]
+    for rank in report["ranks"]:
+        for category, per_param in MEGATRON_BYTES.items():
+            expected = per_param * rank["parameters"]
+            assert abs(rank["category_peaks"][category] - expected) <= 0.01 * expected, (rank["stage"], category)
+
+
+@pytest.mark.parametrize("name", ["llama7b-4x4090-tp2-pp2"])
+def test_megatron_model_states_under_tensor_parallelism(reports, name):
+    """With tp > 1 the rank's shard Ψ/(tp·pp) times 4 + 12 bytes (±1%). (tp4 without a pipeline peaks
+    1.5% above this for gradients and optimizer states: reported to the lead.)"""
+    report, _ = reports[name]
+    for rank in report["ranks"]:
+        expected_params = report["model"]["parameters"] / (report["parallel"]["tp"] * _pp(report))
+        assert abs(rank["parameters"] - expected_params) <= 0.01 * expected_params
+        for category in ("gradients", "optimizer_states"):
+            expected = MEGATRON_BYTES[category] * rank["parameters"]
+            assert abs(rank["category_peaks"][category] - expected) <= 0.01 * expected, (rank["stage"], category)
+
+
+@pytest.mark.xfail(strict=True, reason="with tp > 1 the parameters category peaks ~51 MB (25.7M elements, 1.5%) "
+                   "above 2 bytes x the rank's reported parameter count; reported to the lead")
+@pytest.mark.parametrize("name", ["llama7b-4x4090-tp2-pp2", "llama7b-4x4090-tp4"])
+def test_megatron_parameter_bytes_under_tensor_parallelism(reports, name):
+    report, _ = reports[name]
+    for rank in report["ranks"]:
+        expected = 2 * rank["parameters"]
+        assert abs(rank["category_peaks"]["parameters"] - expected) <= 0.01 * expected
+
+
+def test_zero3_shards_optimizer_states_over_dp(reports):
+    """DeepSpeed ZeRO-3, dp 4: optimizer states K·Ψ/N_d with K = 12 (±1%); parameters and gradients
+    at least their 2Ψ/N_d shards (gathered layers and the fp32 gradient partition come on top)."""
+    report, _ = reports["llama7b-4x4090-dp4-zero3"]
+    psi = report["model"]["parameters"]
+    (rank,) = report["ranks"]
+    assert abs(rank["category_peaks"]["optimizer_states"] - 12 * psi / 4) <= 0.01 * 12 * psi / 4
+    assert rank["category_peaks"]["parameters"] >= 2 * psi / 4
+    assert rank["category_peaks"]["parameters"] < 2 * psi / 2      # never the whole model
+    assert rank["category_peaks"]["gradients"] >= 2 * psi / 4
+    assert report["communication"]["total_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["llama7b-4x4090-pp4", "llama7b-4x4090-tp2-pp2"])
+def test_one_f_one_b_first_stage_holds_the_most_activations(reports, name):
+    report, _ = reports[name]
+    by_stage = {r["stage"]: r["category_peaks"]["activations"] for r in report["ranks"]}
+    assert by_stage[0] > by_stage[_pp(report) - 1]
+
+
+@pytest.mark.parametrize("name", ["llama7b-4x4090-pp4", "llama7b-4x4090-tp2-pp2"])
+def test_bubble_fraction_is_near_the_1f1b_closed_form(reports, name):
+    report, _ = reports[name]
+    p = _pp(report)
+    m = _microbatches(report, 8, 1)
+    assert abs(report["bubble_fraction"] - (p - 1) / (m + p - 1)) <= BUBBLE_TOLERANCE
+
+
+def test_plans_without_a_pipeline_have_no_bubble(reports):
+    for name in ("llama7b-4x4090-tp4", "llama7b-4x4090-dp4-zero3"):
+        assert reports[name][0]["bubble_fraction"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_chrome_trace_has_a_pid_per_simulated_rank_and_send_recv_flows(reports):
+    for name, (report, directory) in reports.items():
+        events = json.loads((directory / "trace.json").read_text())
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        pids = {e["pid"] for e in events if e.get("ph") == "X"}
+        assert len(pids) == len(report["ranks"]), name
+        starts = [e for e in events if e.get("ph") == "s"]
+        ends = [e for e in events if e.get("ph") == "f"]
+        if _pp(report) > 1:
+            assert starts and sorted(e["id"] for e in starts) == sorted(e["id"] for e in ends), name
+            # every flow goes from one stage's rank to another's
+            end_pid = {e["id"]: e["pid"] for e in ends}
+            assert all(end_pid[e["id"]] != e["pid"] for e in starts), name
+        else:
+            assert not starts, name
+
+
+def _png_width_px(path: Path) -> int:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">I", data[16:20])[0]
+
+
+def test_memory_png_has_one_panel_per_stage(reports):
+    """The figure is laid out in fixed inches (report/plots.py): ncols panels side by side for up to
+    four ranks, so its width tells the number of panels."""
+    from simulator.report import plots
+
+    for name, (report, directory) in reports.items():
+        n = len(report["ranks"])
+        assert n == _pp(report)
+        axis_w_in = 6.6 if n == 1 else 4.4
+        width_in = 0.65 + n * axis_w_in + (n - 1) * 0.8 + 0.25
+        assert abs(_png_width_px(directory / "memory.png") - width_in * plots._DPI) <= 2, name
+
+
+@pytest.mark.scale
+@pytest.mark.parametrize("path", _slow_scenarios(), ids=lambda p: p.stem)
+def test_slow_scenarios_run(path, tmp_path):
+    report = _run(path, tmp_path)
+    assert sorted(r["stage"] for r in report["ranks"]) == list(range(_pp(report)))
+
+
+@pytest.mark.scale
+def test_llama70b_on_64_h100_fits_with_p_microbatches_on_the_first_stage(tmp_path):
+    """Measured ~56 s. Fits in 80 GB; model states 18 B/param per stage; stage k holds p − k
+    micro-batches of activations, so equal steps between stages and stage 0 ≈ p × the last."""
+    report = _run(MULTI / "llama70b-64xh100-tp8-pp4-dp2.toml")
+    assert report["fits"] is True
+    p = _pp(report)
+    ranks = sorted(report["ranks"], key=lambda r: r["stage"])
+    for rank in ranks:
+        for category, per_param in MEGATRON_BYTES.items():
+            expected = per_param * rank["parameters"]
+            assert abs(rank["category_peaks"][category] - expected) <= 0.01 * expected
+    acts = [r["category_peaks"]["activations"] for r in ranks]
+    steps = [acts[k] - acts[k + 1] for k in range(p - 1)]
+    assert max(steps) <= 1.03 * min(steps)
+    assert p - 0.5 <= acts[0] / acts[-1] <= p
+    m = _microbatches(report, 16, 1)
+    assert abs(report["bubble_fraction"] - (p - 1) / (m + p - 1)) <= BUBBLE_TOLERANCE
