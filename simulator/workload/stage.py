@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 
 from simulator.errors import PlanError
 from simulator.workload.data_parallel import LandingPolicy
-from simulator.workload.graph import ACTIVATIONS, DTYPE_BYTES, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
-from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
+from simulator.workload.graph import ACTIVATIONS, GRADIENTS, OTHER, Op, Tensor
+from simulator.workload.optimizers import IdSource
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
-from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, _grad_scaler, dtypes_for
+from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, dtypes_for, model_states
 from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
 
 SEED_OP = "loss.backward_seed"
@@ -226,33 +226,10 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         st = first_tape_storages[ref.id]
         tensors[ref.id] = Tensor(ref.id, st.name, ref.nbytes, st.category, ref.dtype, ref.shape, persistent=True)
     persistent = [ref.id for ref in persistent_refs]
-    if profile.library_workspace_bytes:
-        workspace = Tensor(ids(), "cublas_workspace", profile.library_workspace_bytes, OTHER, "uint8",
-                           (profile.library_workspace_bytes,), persistent=True)
-        tensors[workspace.id] = workspace
-        persistent.append(workspace.id)
     params = builder.params
-    if dts.persistent_grad_buffer:
-        for ref, name in zip(params.refs, params.names):
-            tensor = Tensor(ids(), f"{name}.main_grad", numel(ref.shape) * DTYPE_BYTES[dts.grad],
-                            GRADIENTS, dts.grad, ref.shape, persistent=True)
-            tensors[tensor.id] = tensor
-            persistent.append(tensor.id)
-    master = [MasterParam(name, ref.shape, numel(ref.shape), dts.master or ref.dtype, dts.grad)
-              for ref, name in zip(params.refs, params.names)]
-    state_tensors: list[Tensor] = []
-    if dts.master:
-        for p in master:
-            state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
-                                        OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
-    state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
-    for tensor in state_tensors:
-        tensors[tensor.id] = tensor
-    opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
-    if recipe.precision == "fp16-mixed":
-        scaler, unscale = _grad_scaler(ids, tensors, master)
-        persistent += scaler
-        opt_ops = [unscale] + opt_ops
+    states = model_states(params, dts, recipe, profile, ids, tensors)
+    persistent += states.persistent
+    state_tensors, opt_ops = states.state_tensors, states.optimizer_ops
     grads = [g.id for g in first_policy.grads] if first_policy is not None else []
     for gid in grads:
         t = tensors[gid]

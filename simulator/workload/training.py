@@ -133,6 +133,54 @@ def _check_data_parallel(recipe: Recipe) -> None:
         raise PlanError(f"parallel.bucket_size = {recipe.bucket_size_bytes!r} must be a positive number of bytes")
 
 
+@dataclass
+class ModelStates:
+    """What a rank keeps besides its parameters: workspaces, gradient buffers, optimizer states."""
+
+    persistent: list[int]            # cuBLAS workspace, persistent gradient buffers, loss-scaler state
+    grad_buffers: list[int]          # megatron main_grad buffers (empty otherwise), parameter order
+    master: list[MasterParam]        # what the optimizer updates, parameter order
+    state_tensors: list[Tensor]      # created at the first optimizer step
+    optimizer_ops: list[Op]
+
+
+def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, ids: IdSource,
+                 tensors: dict[int, Tensor]) -> ModelStates:
+    """Declare a rank's persistent non-parameter tensors and its optimizer step (registers tensors)."""
+    persistent: list[int] = []
+    if profile.library_workspace_bytes:
+        # torch allocates the cuBLAS workspace through the caching allocator at the first matmul
+        # and keeps it: it counts in memory_allocated() for the whole run.
+        workspace = Tensor(ids(), "cublas_workspace", profile.library_workspace_bytes, OTHER, "uint8",
+                           (profile.library_workspace_bytes,), persistent=True)
+        tensors[workspace.id] = workspace
+        persistent.append(workspace.id)
+    grad_buffers: list[int] = []
+    if dts.persistent_grad_buffer:
+        for ref, name in zip(params.refs, params.names):
+            tensor = Tensor(ids(), f"{name}.main_grad", numel(ref.shape) * DTYPE_BYTES[dts.grad],
+                            GRADIENTS, dts.grad, ref.shape, persistent=True)
+            tensors[tensor.id] = tensor
+            grad_buffers.append(tensor.id)
+        persistent += grad_buffers
+    master = [MasterParam(name, ref.shape, numel(ref.shape), dts.master or ref.dtype, dts.grad)
+              for ref, name in zip(params.refs, params.names)]
+    state_tensors: list[Tensor] = []
+    if dts.master:
+        for p in master:
+            state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
+                                        OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
+    state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
+    for tensor in state_tensors:
+        tensors[tensor.id] = tensor
+    opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
+    if recipe.precision == "fp16-mixed":
+        scaler, unscale = _grad_scaler(ids, tensors, master)
+        persistent += scaler
+        opt_ops = [unscale] + opt_ops
+    return ModelStates(persistent, grad_buffers, master, state_tensors, opt_ops)
+
+
 def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
     """Build the ops of one training iteration on one rank (no pipeline parallelism).
 
@@ -193,37 +241,11 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     for ref in (idx, targets):
         tensors[ref.id] = Tensor(ref.id, tape._storages[ref.id].name, ref.nbytes, OTHER, ref.dtype, ref.shape)
     persistent = [ref.id for ref in persistent_refs]
-    if profile.library_workspace_bytes:
-        # torch allocates the cuBLAS workspace through the caching allocator at the first matmul
-        # and keeps it: it counts in memory_allocated() for the whole run.
-        workspace = Tensor(ids(), "cublas_workspace", profile.library_workspace_bytes, OTHER, "uint8",
-                           (profile.library_workspace_bytes,), persistent=True)
-        tensors[workspace.id] = workspace
-        persistent.append(workspace.id)
     params = builder.params
-    grad_buffers: list[int] = []
-    if dts.persistent_grad_buffer:
-        for ref, name in zip(params.refs, params.names):
-            tensor = Tensor(ids(), f"{name}.main_grad", numel(ref.shape) * DTYPE_BYTES[dts.grad],
-                            GRADIENTS, dts.grad, ref.shape, persistent=True)
-            tensors[tensor.id] = tensor
-            grad_buffers.append(tensor.id)
-        persistent += grad_buffers
-    master = [MasterParam(name, ref.shape, numel(ref.shape), dts.master or ref.dtype, dts.grad)
-              for ref, name in zip(params.refs, params.names)]
-    state_tensors: list[Tensor] = []
-    if dts.master:
-        for p in master:
-            state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
-                                        OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
-    state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
-    for tensor in state_tensors:
-        tensors[tensor.id] = tensor
-    opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
-    if recipe.precision == "fp16-mixed":
-        scaler, unscale = _grad_scaler(ids, tensors, master)
-        persistent += scaler
-        opt_ops = [unscale] + opt_ops
+    states = model_states(params, dts, recipe, profile, ids, tensors)
+    persistent += states.persistent
+    grad_buffers = states.grad_buffers
+    state_tensors, opt_ops = states.state_tensors, states.optimizer_ops
     # Gradients stolen into .grad are per-iteration tensors of category "gradients".
     for gid in grads:
         t = tensors[gid]
