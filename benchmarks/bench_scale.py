@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/bench_scale.py [--global-batch 1536] [--dp 8,128] [--timeout-s 600]
 
 Each case is dgx-a100 nodes with tp 8, pp 16, the given dp (nodes = dp · 16), 1F1B, micro-batch 1,
-bf16-mixed, megatron, full recompute, warm-up 0, one iteration, no allocator events: the scenario of
+bf16-mixed, megatron, full recompute, sequence parallelism, warm-up 0, one iteration, no allocator events: the scenario of
 the issue. Every case runs in its own process (`memsim run --json`) so that a case over the time limit
 is stopped and reported as such. Wall time per case goes to stderr as a table, the JSON list to stdout.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from pathlib import Path
 SCENARIO = """name = "gpt3-175b-{world}-a100"
 [model]
 preset = "gpt3-175b"
+seq_length = 2048
 [training]
 micro_batch_size = 1
 global_batch_size = {global_batch}
@@ -33,6 +35,8 @@ recompute = "full"
 tp = 8
 pp = 16
 dp = {dp}
+sequence_parallel = true
+schedule = "1f1b"
 [cluster]
 topology = "dgx-a100"
 nodes = {nodes}
@@ -49,21 +53,31 @@ def run_case(dp: int, global_batch: int, timeout_s: float) -> dict:
         path = Path(tmp) / "scenario.toml"
         path.write_text(SCENARIO.format(world=world, global_batch=global_batch, dp=dp, nodes=world // 8))
         start = time.perf_counter()
+        cpu_before = _children_cpu_s()
         try:
             done = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(path), "--json"],
                                   capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             return {"dp": dp, "gpus": world, "global_batch": global_batch, "wall_s": None, "timed_out": True}
         wall_s = time.perf_counter() - start
-    row = {"dp": dp, "gpus": world, "global_batch": global_batch, "wall_s": wall_s, "timed_out": False,
-           "returncode": done.returncode}
+    cpu_s = _children_cpu_s() - cpu_before
+    row = {"dp": dp, "gpus": world, "global_batch": global_batch, "wall_s": wall_s, "cpu_s": cpu_s,
+           "timed_out": False, "returncode": done.returncode}
     if done.returncode == 0:
         report = json.loads(done.stdout)
         row.update(iteration_time_s=report["iteration_time_s"], bubble_fraction=report["bubble_fraction"],
-                   fits=report["fits"])
+                   fits=report["fits"], mfu=report["mfu"],
+                   peak_allocated_bytes=[r["peak_allocated_bytes"] for r in report["ranks"]])
     else:
         row["stderr"] = done.stderr[-2000:]
     return row
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by finished child processes: wall time on a shared machine
+    also counts other processes' load."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -75,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = [run_case(int(dp), args.global_batch, args.timeout_s) for dp in args.dp.split(",")]
     for row in rows:
-        wall = "timeout" if row["timed_out"] else f"{row['wall_s']:.1f} s"
+        wall = "timeout" if row["timed_out"] else f"{row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s CPU"
         print(f"dp {row['dp']:>4}  {row['gpus']:>6} GPUs  global batch {row['global_batch']:>5}  {wall}",
               file=sys.stderr)
     json.dump(rows, sys.stdout, indent=2)

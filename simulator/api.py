@@ -45,7 +45,10 @@ def kernel_profile(device: DeviceSpec) -> KernelProfile:
     """What the device's kernels save (dropout mask dtype, flash attention with dropout)."""
     return KernelProfile(dropout_mask_dtype=device.dropout_mask_dtype,
                          flash_with_dropout=device.sdpa_flash_with_dropout, device_kind=device.kind,
-                         library_workspace_bytes=device.cublas_workspace_bytes)
+                         library_workspace_bytes=device.cublas_workspace_bytes,
+                         backward_workspace_bytes=device.backward_workspace_bytes,
+                         sm_count=device.sm_count if device.kind == "gpu" else 0,
+                         max_threads_per_sm=device.max_threads_per_sm)
 
 
 def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
@@ -79,9 +82,11 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
         if value != 1 and not multi:
             raise PlanError(f"{src}: parallel.{key} = {value}: this version simulates one device "
                             f"(tp = pp = dp = 1); multi-device plans are not available yet")
-    if multi and p.pp > 1 and p.dp > 1 and p.zero_stage:
-        raise PlanError(f"{src}: parallel.zero_stage = {p.zero_stage}: ZeRO with parallel.pp = {p.pp} > 1 is "
-                        f"not available yet (allowed with pp > 1: 0)")
+    if multi and p.pp > 1 and p.dp > 1 and p.zero_stage > 1:
+        raise PlanError(f"{src}: parallel.zero_stage = {p.zero_stage}: ZeRO-2/3 with parallel.pp = {p.pp} > 1 is "
+                        f"not supported: gradients or parameters sharded across micro-batches conflict with "
+                        f"pipeline gradient accumulation (DeepSpeed's PipelineEngine refuses it too); "
+                        f"allowed with pp > 1: 0, 1")
     for key in ("offload_optimizer", "offload_params", "offload_activations"):
         value = getattr(p, key)
         if value != "none":

@@ -88,3 +88,40 @@ def test_layouts_and_cuda_profile_summary():
     assert summary["kernels"]["rows"] == [["sm90_gemm", 1.0, 7.0, 7.0]]
     cpu = summarize_profile(steps, cuda=False)
     assert {r[0] for r in cpu["rows"]} == {"aten::mm", "aten::view"} and "kernels" not in cpu
+
+
+def test_input_dtypes_fall_back_to_the_kineto_events():
+    """torch before 2.13 (2.11 on the H200) leaves FunctionEvent without input dtypes and strides: the summary
+    takes them from the profiler's kineto events (same correlation id and name) and gives the same rows."""
+    import copy
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from validation.capture import kineto_inputs, summarize_profile
+
+    a, b = torch.randn(64, 32), torch.randn(16, 32)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        (a @ b.t()).sum()
+    events = list(prof.events())
+    stripped = []
+    for event in events:
+        event = copy.copy(event)
+        event.input_dtypes, event.structured_input_strides = None, None
+        stripped.append(event)
+    direct = summarize_profile([events])["rows"]
+    assert summarize_profile([stripped], False, [kineto_inputs(prof)])["rows"] == direct
+    assert summarize_profile([stripped])["rows"] != direct           # without the fallback: no dtypes
+    mm = next(r for r in direct if r[0] == "aten::mm")
+    assert mm[2:4] == ["c,t", ["float", "float"]]
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() >= 2, reason="checks refusals without GPUs")
+def test_collective_backend_errors_are_one_line():
+    with pytest.raises(DataError, match="needs 2 GPUs"):
+        measure_collectives((2,), (4096,), backend="nccl")
+    with pytest.raises(ScenarioError, match="--backend = 'mpi' must be one of gloo, nccl"):
+        measure_collectives((2,), (4096,), backend="mpi")
+    with pytest.raises(ScenarioError, match="applies to --backend nccl only"):
+        measure_collectives((2,), (4096,), topology="dgx-h100")
+    with pytest.raises(ScenarioError, match="is not a memsim topology"):
+        measure_collectives((2,), (4096,), backend="nccl", topology="dgx-z900")

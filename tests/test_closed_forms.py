@@ -86,14 +86,15 @@ def test_gpt_block_with_flash_attention(s, b, h, a):
     """Flash attention saves q, k, v, its output and the fp32 logsumexp instead of the s x s tensors.
 
     Attention: LN input 2 + QKV-linear input 2 + q, k, v (views of one qkv buffer) 6 + output 2
-    (also the projection's input) + dropout mask 1 = 13sbh, plus logsumexp (b, a, s) fp32 = 4abs.
+    (also the projection's input) + dropout mask 1 = 13sbh, plus logsumexp (b, a, s) fp32 = 4abs and,
+    on a GPU, the RNG seed and offset (two int64 scalars, 16 bytes; measured with cuDNN attention).
     LN2 input 2sbh, MLP 19sbh (as in the paper), LayerNorm statistics 16bs.
     """
     sbh = s * b * h
-    attention = (2 + 2 + 6 + 2 + 1) * sbh + 4 * a * b * s
+    attention = (2 + 2 + 6 + 2 + 1) * sbh + 4 * a * b * s + 16
     mlp = (2 + 8 + 8 + 1) * sbh                    # fc1 input, gelu input, fc2 input, dropout mask
     expected = attention + 2 * sbh + mlp + _layer_norm_stats_bytes(s, b)
-    assert expected == 34 * sbh + 4 * a * b * s + _layer_norm_stats_bytes(s, b)
+    assert expected == 34 * sbh + 4 * a * b * s + 16 + _layer_norm_stats_bytes(s, b)
     assert _layer_bytes(_document(s, b, h, a, attention="flash")) == expected
 
 
@@ -104,7 +105,7 @@ def _llama_block_bytes(s: int, b: int, h: int, a: int, f: int, attention: str) -
     output (4bs) and the bf16 normalised value that multiplies the weight (2sbh): 6sbh + 4bs, twice.
     q/k/v projections share their input (2sbh). RoPE saves only its cos/sin tables (buffers).
     Flash: q (2sbh) and the repeated k, v (2sbh each) + output (2sbh, also o_proj's input) +
-    logsumexp 4abs. Eager: contiguous q, k copies (4sbh), fp32 softmax output (4as^2b) and its bf16
+    logsumexp 4abs + the RNG seed and offset (16 bytes). Eager: contiguous q, k copies (4sbh), fp32 softmax output (4as^2b) and its bf16
     cast (2as^2b), the `~mask` bool (s^2), the 0-d divisor (2), contiguous v (2sbh) and the merged
     heads (2sbh). SwiGLU MLP: input 2sbh, gate (silu input), silu output, up (all saved by mul and
     silu) and the product (down_proj input): 4 x 2sbf.
@@ -112,7 +113,7 @@ def _llama_block_bytes(s: int, b: int, h: int, a: int, f: int, attention: str) -
     sbh = s * b * h
     norms = 2 * (6 * sbh + 4 * b * s)
     if attention == "flash":
-        core = 4 * 2 * sbh + 4 * a * b * s
+        core = 4 * 2 * sbh + 4 * a * b * s + 16
     else:
         core = 4 * sbh + 6 * a * s * s * b + s * s + 2 + 2 * sbh + 2 * sbh
     mlp = 2 * sbh + 4 * 2 * s * b * f
@@ -133,7 +134,7 @@ def test_flash_attention_saves_less_than_eager_by_the_score_matrices():
     s, b, h, a = SHAPES[0]
     eager = _layer_bytes(_document(s, b, h, a))
     flash = _layer_bytes(_document(s, b, h, a, attention="flash"))
-    assert eager - flash == 5 * a * s * s * b + s * s + 2 - 4 * a * b * s
+    assert eager - flash == 5 * a * s * s * b + s * s + 2 - 4 * a * b * s - 16
 
 
 # ------------------------------------------------------------------------------- FLOPs and parameters

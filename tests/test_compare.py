@@ -136,3 +136,33 @@ def test_grouping_same_sign_events_changes_nothing(sizes, data):
         grouped.append(("optimizer", -float(sum(sizes[start:cut]))))
         start = cut
     assert timeline_error(_curve(split), _curve(grouped), float(sum(sizes))) < 1e-9
+
+
+def test_nccl_collectives_are_predicted_with_the_network_model(tmp_path):
+    """An NCCL capture that names its topology (python -m validation.collectives --backend nccl --topology ...)
+    is predicted by memsim's network model on that topology; the fit and held-out columns work as for gloo."""
+    from simulator.network.collectives import collective_time_s
+    from simulator.network.topology import load_topology
+
+    cuda = REPO / "validation/data/cuda"
+    (tmp_path / "timing").mkdir()
+    name = "gpt-124m-bf16-mixed-flash-none-adamw"
+    shutil.copy(cuda / "timing" / f"{name}.json", tmp_path / "timing")
+    topology = load_topology("dgx-h100")
+    results = []
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        for size in (1 << 20, 1 << 24, 1 << 28):
+            t = 1.1 * collective_time_s(topology, kind, tuple(range(8)), float(size))
+            results.append({"collective": kind, "world_size": 8, "size_bytes": size, "median_s": t,
+                            "iqr_over_median": 0.01, "times_s": [t, t]})
+    environment = {"torch_version": "2.11.0+cu130", "backend": "nccl", "topology": "dgx-h100"}
+    (tmp_path / "collectives.json").write_text(json.dumps({"environment": environment, "results": results}))
+    report = compare(tmp_path)
+    assert len(report.collectives) == 9
+    for c in report.collectives:
+        assert c.default_s == pytest.approx(c.measured_s / 1.1, rel=1e-12)
+        assert c.heldout_s == pytest.approx(c.measured_s, rel=0.25)
+    environment["topology"] = "pcie-4x4090"
+    (tmp_path / "collectives.json").write_text(json.dumps({"environment": environment, "results": results}))
+    with pytest.raises(DataError, match="world size 8 is larger than topology 'pcie-4x4090'"):
+        compare(tmp_path)

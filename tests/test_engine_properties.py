@@ -111,7 +111,8 @@ def test_memory_levels_are_consistent_and_everything_is_freed(doc):
     kind = cluster.allocator_kind
     tensors = workload.tensors
     persistent = _bytes_by_category(workload.persistent, tensors, kind)
-    with_states = _bytes_by_category(workload.persistent + workload.optimizer_state_ids, tensors, kind)
+    lazy = tuple(t for _name, ids in workload.first_use for t in ids)     # cuBLAS workspaces, first GEMM on
+    with_states = _bytes_by_category(workload.persistent + workload.optimizer_state_ids + lazy, tensors, kind)
     for rank in result.trace.ranks:
         samples = rank.memory
         assert samples, "every run allocates at least the parameters"
@@ -138,7 +139,7 @@ def test_memory_levels_are_consistent_and_everything_is_freed(doc):
                 live_addresses[event.addr] = event.size
             elif event.action == "free_requested":
                 assert live_addresses.pop(event.addr) == event.size
-        persistent_ids = workload.persistent + workload.optimizer_state_ids
+        persistent_ids = workload.persistent + workload.optimizer_state_ids + lazy
         expected_live = sorted(tensors[t].nbytes for t in persistent_ids if tensors[t].nbytes > 0)
         assert sorted(live_addresses.values()) == expected_live
         # Spans of the single compute stream never overlap and run forward in time.

@@ -43,6 +43,9 @@ def test_full_range_stage_is_the_whole_model_program(architecture):
     assert _rows(later.forward + later.backward, stage.tensors) == _rows(whole.later_microbatch, whole.tensors)
     assert _rows(stage.optimizer, stage.tensors) == _rows(whole.optimizer, whole.tensors)
     assert [stage.tensors[i].nbytes for i in stage.persistent] == [whole.tensors[i].nbytes for i in whole.persistent]
+    assert [(n, [stage.tensors[i].nbytes for i in ids]) for n, ids in stage.first_use] == \
+        [(n, [whole.tensors[i].nbytes for i in ids]) for n, ids in whole.first_use]
+    assert len(whole.first_use) == 2          # forward and autograd-thread cuBLAS workspaces (RTX 4090)
 
 
 @pytest.mark.parametrize("parallel", [dict(tp=2, pp=2), dict(pp=4), dict(tp=4), dict(dp=4)])

@@ -35,7 +35,7 @@ from simulator.io import atomic_write_text
 from validation import measure_memory
 from validation.torch_models import build_model, build_optimizer, make_batch, parse_model, parse_training, train_step
 
-__all__ = ["DEVICES", "DEFAULT_CONFIGS", "DATA_ROOT", "Protocol", "capture", "capture_one", "environment",
+__all__ = ["CaptureFailed", "DEVICES", "DEFAULT_CONFIGS", "DATA_ROOT", "Protocol", "capture", "capture_one", "environment",
            "summarize_profile", "main"]
 
 _HERE = Path(__file__).resolve().parent
@@ -46,6 +46,12 @@ SEED = 0
 OP_COLUMNS = ("name", "input_shapes", "input_layouts", "input_dtypes", "calls_per_step", "median_us", "min_us")
 STEP_PHASES = ("forward", "backward", "optimizer", "zero_grad")
 FORMAT = "memsim-timing-2"
+
+
+class CaptureFailed(MemsimError):
+    """Some configurations failed inside torch; the others were written (exit status 1, not bad input)."""
+
+    exit_code = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +95,9 @@ def environment(device: str) -> dict[str, object]:
             "compute_capability": f"{props.major}.{props.minor}",
             "device_memory_bytes": int(props.total_memory),
             "multiprocessor_count": int(props.multi_processor_count),
+            # The caching allocator's and cuBLAS's settings change reserved memory and the workspace size.
+            "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""),
         })
     else:
         env["device_name"] = env["cpu_model"]
@@ -181,12 +190,43 @@ def _layout(shape: object, strides: object) -> str:
     return "x"
 
 
-def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> dict[str, object]:
+def kineto_inputs(prof: profile) -> dict[tuple[int, str], tuple[list, list]]:
+    """(correlation id, name) -> (input dtypes, input strides) of a finished profile's CPU op events.
+
+    torch before 2.13 leaves FunctionEvent without ``input_dtypes``/``structured_input_strides``; the
+    profiler's own kineto events carry them (FunctionEvent.id is the kineto correlation id).
+    """
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    table: dict[tuple[int, str], tuple[list, list]] = {}
+    if results is None:
+        return table
+    for event in results.events():
+        if str(event.device_type()).endswith("CPU"):
+            strides = (event.structured_input_strides() if hasattr(event, "structured_input_strides")
+                       else event.strides() if hasattr(event, "strides") else [])
+            table[(int(event.correlation_id()), event.name())] = (list(event.dtypes()), list(strides))
+    return table
+
+
+def _input_dtypes_strides(event: object, inputs_by_id: Mapping[tuple[int, str], tuple[list, list]]
+                          ) -> tuple[list, list]:
+    """An event's input dtypes and strides: its own fields, else the kineto event with its id and name."""
+    dtypes = list(getattr(event, "input_dtypes", None) or [])
+    strides = list(getattr(event, "structured_input_strides", None) or [])
+    if not dtypes and not strides:
+        dtypes, strides = inputs_by_id.get((int(getattr(event, "id", -1)), getattr(event, "name", "")), ([], []))
+    return list(dtypes), list(strides)
+
+
+def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False,
+                      step_inputs: Sequence[Mapping[tuple[int, str], tuple[list, list]]] = ()) -> dict[str, object]:
     """Aggregate profiler events of several steps per (name, input shapes, input dtypes).
 
     Args:
         steps: for each profiled step, its FunctionEvents (``prof.events()``).
         cuda: also aggregate device kernels (self device time) by kernel name.
+        step_inputs: for each step, ``kineto_inputs`` of its profile (torch versions whose FunctionEvents
+            lack input dtypes and strides).
 
     Returns:
         {"columns": OP_COLUMNS, "rows": [...]} sorted by total time (largest first), self CPU per step
@@ -195,7 +235,8 @@ def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> 
     per_call: dict[tuple[str, str, str, str], list[float]] = {}
     by_name: dict[str, float] = {}
     kernels: dict[str, list[float]] = {}
-    for events in steps:
+    for position, events in enumerate(steps):
+        inputs_by_id = step_inputs[position] if position < len(step_inputs) else {}
         for event in events:
             if getattr(event, "is_user_annotation", False):
                 continue
@@ -205,10 +246,10 @@ def summarize_profile(steps: Sequence[Sequence[object]], cuda: bool = False) -> 
                     kernels.setdefault(event.name, []).append(float(event.self_device_time_total))
                 continue
             shapes = list(event.input_shapes or [])
-            strides = list(getattr(event, "structured_input_strides", None) or [])
+            dtypes, strides = _input_dtypes_strides(event, inputs_by_id)
             layouts = [_layout(shape, stride) for shape, stride in zip(shapes, strides + [None] * len(shapes))]
             key = (event.name, json.dumps(shapes, separators=(",", ":")), ",".join(layouts),
-                   json.dumps(list(getattr(event, "input_dtypes", None) or []), separators=(",", ":")))
+                   json.dumps(dtypes, separators=(",", ":")))
             # On CUDA an op's time is that of the kernels it launched (self device time), not its host time.
             us = float(event.self_device_time_total if cuda else event.self_cpu_time_total)
             if cuda and us <= 0:
@@ -282,6 +323,7 @@ def capture_one(name: str, config: Mapping[str, Mapping[str, object]], device: s
                 phases[phase]["wall_s"].append(pw)
                 phases[phase]["cpu_s"].append(pc)
         profiled, profiled_wall = [], []
+        step_inputs: list[dict[tuple[int, str], tuple[list, list]]] = []
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         for _ in range(protocol.profiled_steps):
             idx, targets = make_batch(model_spec, training_spec)
@@ -292,6 +334,7 @@ def capture_one(name: str, config: Mapping[str, Mapping[str, object]], device: s
                     torch.cuda.synchronize()
             profiled_wall.append(time.perf_counter() - w0)
             profiled.append(list(prof.events()))
+            step_inputs.append(kineto_inputs(prof))
     iteration: dict[str, object] = {
         "wall_s": wall, "cpu_s": cpu, "wall": _spread(wall), "cpu": _spread(cpu),
         # Per phase: wall clock on CPU, CUDA-event time on CUDA ("wall_median_s"), process CPU time.
@@ -313,7 +356,7 @@ def capture_one(name: str, config: Mapping[str, Mapping[str, object]], device: s
                                + ("; cuda_event = torch.cuda.Event elapsed_time" if cuda else "")},
         "iteration": iteration,
         "profiled_step_wall_s": profiled_wall,
-        "ops": summarize_profile(profiled, cuda),
+        "ops": summarize_profile(profiled, cuda, step_inputs),
     }
 
 
@@ -327,11 +370,16 @@ _ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segme
 
 def cuda_memory_capture(name: str, config: Mapping[str, Mapping[str, object]],
                         protocol: Protocol = Protocol(), max_entries: int = 1_000_000) -> dict[str, object]:
-    """One step under ``_record_memory_history`` after warm-up: allocated and reserved memory on CUDA.
+    """Allocated and reserved memory on CUDA: the allocator's whole history from the model build on.
 
-    Returns a compact document: peaks (``max_memory_allocated`` / ``max_memory_reserved`` over the step,
-    after ``reset_peak_memory_stats``), the segments at the end of the step, and the allocator's trace
-    as rows [action index, size, address offset from the lowest segment] (actions in ``actions``).
+    ``_record_memory_history`` is on from before the model is built, through the warm-up steps and one
+    measured step. Returns a compact document: peaks over the measured step (``max_memory_allocated`` /
+    ``max_memory_reserved`` after ``reset_peak_memory_stats``), the segments at its end, the measured
+    step's allocator trace (``trace``, phases in ``phase_starts``) and everything before it (``history``,
+    labelled by ``marks``: build, warm-up steps and their phases), each as rows [action index, size,
+    address offset from the lowest segment] (actions in ``actions``). Run it in a fresh process (the
+    capture of one configuration per process, as validation/cuda/run.sh does) so that reserved memory
+    is this configuration's alone.
 
     Raises:
         DataError: no CUDA device is available.
@@ -339,37 +387,48 @@ def cuda_memory_capture(name: str, config: Mapping[str, Mapping[str, object]],
     _check_device("cuda")
     model_spec, training_spec = parse_model(config["model"]), parse_training(config["training"])
     _release_cuda_cache()   # reserved memory must start from this configuration alone
-    with torch.device("cuda"):
-        torch.manual_seed(SEED)
-        model = build_model(model_spec, training_spec)
-        optimizer = build_optimizer(model, training_spec)
-        for _ in range(max(protocol.warmup_steps, 1)):
+    marks: list[tuple[str, int]] = []
+
+    def mark(label: str) -> None:
+        marks.append((label, len(_device_trace(torch.cuda.memory._snapshot()))))
+
+    # context=None: no tracebacks (only actions, sizes and addresses are kept); gathering stacks failed
+    # inside a non-reentrant checkpoint's recompute in backward (torch 2.11, H200).
+    torch.cuda.memory._record_memory_history(context=None, max_entries=max_entries)
+    try:
+        with torch.device("cuda"):
+            mark("build")
+            torch.manual_seed(SEED)
+            model = build_model(model_spec, training_spec)
+            optimizer = build_optimizer(model, training_spec)
+            for step in range(max(protocol.warmup_steps, 1)):
+                mark(f"warmup{step + 1}.batch")
+                idx, targets = make_batch(model_spec, training_spec)
+                _cuda_train_step(model, optimizer, idx, targets, training_spec,
+                                 on_phase=lambda phase, step=step: mark(f"warmup{step + 1}.{phase}"))
+            mark("measured.batch")
             idx, targets = make_batch(model_spec, training_spec)
-            _cuda_train_step(model, optimizer, idx, targets, training_spec, on_phase=lambda _p: None)
-        idx, targets = make_batch(model_spec, training_spec)
-        torch.cuda.synchronize()
-        before = {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}
-        torch.cuda.reset_peak_memory_stats()
-        phase_marks: list[tuple[str, int]] = []
-        torch.cuda.memory._record_memory_history(max_entries=max_entries)
-        try:
-            def mark(phase: str) -> None:
-                phase_marks.append((phase, len(_device_trace(torch.cuda.memory._snapshot()))))
+            torch.cuda.synchronize()
+            before = {"allocated_bytes": torch.cuda.memory_allocated(),
+                      "reserved_bytes": torch.cuda.memory_reserved()}
+            torch.cuda.reset_peak_memory_stats()
+            mark("measured.step")
             _cuda_train_step(model, optimizer, idx, targets, training_spec, on_phase=mark)
             torch.cuda.synchronize()
             snapshot = torch.cuda.memory._snapshot()
-        finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
-        peaks = {"max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
-                 "max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
+            peaks = {"max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
+                     "max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
     segments = snapshot.get("segments", [])
     base = min((int(s["address"]) for s in segments), default=0)
-    trace = _device_trace(snapshot)
     rows = []
-    for entry in trace:
+    for entry in _device_trace(snapshot):
         action = entry.get("action", "")
         rows.append([_ACTIONS.index(action) if action in _ACTIONS else -1, int(entry.get("size", 0)),
                      int(entry.get("addr", 0)) - base])
+    step_start = dict(marks)["measured.step"]
+    columns = ["action", "size", "address_offset"]
     return {
         "format": "memsim-cuda-memory-1",
         "name": name,
@@ -377,15 +436,19 @@ def cuda_memory_capture(name: str, config: Mapping[str, Mapping[str, object]],
         "config": {k: dict(v) for k, v in config.items()},
         "environment": environment("cuda"),
         "protocol": {**dataclasses.asdict(protocol), "seed": SEED,
-                     "method": "torch.cuda.memory._record_memory_history + _snapshot over one step"},
+                     "method": "torch.cuda.memory._record_memory_history (context=None) + _snapshot from the "
+                               "model build through the warm-up steps and one measured step"},
         "results": {**peaks, "before_step": before,
                     "end_reserved_bytes": sum(int(s["total_size"]) for s in segments),
                     "end_allocated_bytes": sum(int(s.get("allocated_size", 0)) for s in segments)},
         "segments": {"columns": ["total_size", "allocated_size", "stream", "segment_type"],
                      "rows": [[int(s["total_size"]), int(s.get("allocated_size", 0)), int(s.get("stream", 0)),
                                str(s.get("segment_type", ""))] for s in segments]},
-        "phase_starts": {phase: position for phase, position in phase_marks},
-        "trace": {"columns": ["action", "size", "address_offset"], "actions": list(_ACTIONS), "rows": rows},
+        "phase_starts": {label: position - step_start for label, position in marks
+                         if position >= step_start and label in STEP_PHASES},
+        "trace": {"columns": columns, "actions": list(_ACTIONS), "rows": rows[step_start:]},
+        "history": {"columns": columns, "actions": list(_ACTIONS), "rows": rows[:step_start],
+                    "marks": [[label, position] for label, position in marks if position <= step_start]},
     }
 
 
@@ -475,19 +538,32 @@ def capture(device: str, configs: Path | None = None, out_dir: Path | None = Non
     if memory and device == "cpu":
         measure_memory.run(configs, out / "memory", names, protocol.threads)
         written.extend(out / "memory" / f"{n}.json" for n in names)
+    failed: list[str] = []
     for name in names:
-        document = capture_one(name, table[name], device, protocol)
-        path = out / "timing" / f"{name}.json"
-        atomic_write_text(path, _compact_rows(document))
-        written.append(path)
-        if memory and device == "cuda":
-            mem_path = out / "memory" / f"{name}.json"
-            atomic_write_text(mem_path, _compact_rows(cuda_memory_capture(name, table[name], protocol)))
-            written.append(mem_path)
+        try:
+            if memory and device == "cuda":
+                # Memory first: in a fresh process the allocator then holds this configuration alone.
+                mem_path = out / "memory" / f"{name}.json"
+                atomic_write_text(mem_path, _compact_rows(cuda_memory_capture(name, table[name], protocol)))
+                written.append(mem_path)
+            document = capture_one(name, table[name], device, protocol)
+            path = out / "timing" / f"{name}.json"
+            atomic_write_text(path, _compact_rows(document))
+            written.append(path)
+        except (RuntimeError, SystemError) as error:
+            # A torch failure in one configuration (out of memory, a kernel error) must not lose the others.
+            failed.append(name)
+            if progress is not None:
+                first_line = str(error).splitlines()[0] if str(error) else ""
+                progress(f"{name}: failed in torch: {type(error).__name__}: {first_line}")
+            continue
         if progress is not None:
             it = document["iteration"]
             progress(f"{name}: iteration median {it['wall']['median_s'] * 1e3:.2f} ms wall, "
                      f"{it['cpu']['median_s'] * 1e3:.2f} ms cpu (range {it['wall']['range_over_median']:.0%})")
+    if failed:
+        raise CaptureFailed(f"{len(failed)} of {len(names)} configurations failed in torch: {', '.join(failed)} "
+                            f"(the others were written under {out})")
     return written
 
 

@@ -32,6 +32,8 @@ from scipy.ndimage import maximum_filter1d, minimum_filter1d
 from simulator.api import build_workload, simulate
 from simulator.errors import DataError, MemsimError
 from simulator.io import atomic_write_text
+from simulator.network.collectives import collective_time_s
+from simulator.network.topology import load_topology
 from simulator.scenario import scenario_from_dict
 from simulator.topology import apply_calibration, read_calibration, resolve_cluster
 from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, OPTIMIZER_STEP, RECOMPUTE
@@ -255,7 +257,7 @@ def _memory_scenario(name: str, document: Mapping[str, object]) -> dict:
         env = document["environment"]
         doc["cluster"] = {"topology": catalog_device("cuda", str(env.get("device_name", ""))).name}
         doc["allocator"] = {"kind": "caching"}
-    doc["run"] = {"warmup_iterations": 1, "iterations": 1, "record_events": False}
+    doc["run"] = {"warmup_iterations": int(document.get("protocol", {}).get("warmup_steps", 1)) if document.get("format") == "memsim-cuda-memory-1" else 1, "iterations": 1, "record_events": False}
     return doc
 
 
@@ -321,11 +323,28 @@ def _time_runs(dataset: Dataset, calibration: Path | None) -> dict[str, dict]:
     return found
 
 
+def _default_collective_s(environment: Mapping[str, object], device, kind: str, world: int, size: int) -> float:
+    """memsim's uncalibrated prediction: the network model on the recorded topology (NCCL captures that name
+    one), else launch overhead + bus bytes at half the device's copy bandwidth (gloo over loopback)."""
+    name = environment.get("topology")
+    if environment.get("backend") == "nccl" and name:
+        try:
+            topology = load_topology(str(name))
+        except MemsimError as error:
+            raise DataError(f"collectives.json: topology = {name!r}: {error}") from None
+        if world > topology.num_gpus:
+            raise DataError(f"collectives.json: world size {world} is larger than topology {name!r} "
+                            f"({topology.num_gpus} GPUs)")
+        return collective_time_s(topology, kind, tuple(range(world)), float(size))
+    return device.launch_overhead_s + link_bus_bytes(kind, world, float(size)) / (device.hbm_bytes_per_s / 2)
+
+
 def _collectives(dataset: Dataset, calibration: Path | None) -> tuple[CollectiveComparison, ...]:
-    """Collective times: default (launch overhead + bus bytes at half the copy bandwidth), held out by size, file."""
+    """Collective times: default (_default_collective_s), held out by size, calibration file."""
     if not dataset.collectives:
         return ()
     results = dataset.collectives["results"]
+    environment = dataset.collectives.get("environment", {})
     device = dataset.device_spec
     links = {}
     if calibration is not None:
@@ -341,7 +360,7 @@ def _collectives(dataset: Dataset, calibration: Path | None) -> tuple[Collective
         link = links.get(key)
         rows.append(CollectiveComparison(
             key[0], key[1], int(r["size_bytes"]), float(r["median_s"]), float(r["iqr_over_median"]),
-            device.launch_overhead_s + bus / (device.hbm_bytes_per_s / 2),
+            _default_collective_s(environment, device, key[0], key[1], int(r["size_bytes"])),
             fit.latency_s + bus / fit.bytes_per_s if fit else math.nan,
             link.latency_s + bus / link.bytes_per_s if link else None))
     return tuple(rows)

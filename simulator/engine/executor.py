@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import simpy
+import simpy.core
 
 from simulator.engine.allocator import Allocator
 from simulator.engine.memory import RankMemory
@@ -32,6 +34,8 @@ class EngineOptions:
     record_timeline: bool = True
     record_spans: bool = True
     shadow_traffic: bool = True     # with a plan: unsimulated ranks' traffic loads the links (symmetry)
+    isolated_collectives: bool = True   # time link-isolated collectives alone, without flows (exact to rounding)
+    run_ahead: bool = True          # run compute ops nothing can interleave with without yielding (exact)
 
 
 @dataclass(frozen=True)
@@ -89,13 +93,31 @@ class EngineDeadlock(DeadlockError):
         self.blocked = blocked
 
 
+class _Environment(simpy.Environment):
+    """simpy's Environment plus events at an absolute time (streams may run their clocks ahead of env.now)."""
+
+    def at(self, time_s: float) -> simpy.Event:
+        """An event that fires at exactly `time_s` (>= now); a timeout would add the delay to now and round."""
+        event = simpy.Event(self)
+        self.trigger_at(event, time_s)
+        return event
+
+    def trigger_at(self, event: simpy.Event, time_s: float) -> None:
+        """Succeed `event` at exactly `time_s` (>= now), ordered like `event.succeed()` called at that time."""
+        event._ok = True
+        event._value = None
+        heapq.heappush(self._queue, (time_s, simpy.core.NORMAL, next(self._eid), event))
+
+
 class _World:
     """What all ranks share: the clock and, created on first use, the network model."""
 
-    def __init__(self, env: simpy.Environment, ranks: tuple[int, ...], topology: Topology | None,
-                 plan: ParallelPlan | None):
+    def __init__(self, env: simpy.Environment, programs: list[Program], topology: Topology | None,
+                 plan: ParallelPlan | None, isolate: bool = True):
         self.env = env
-        self.ranks = ranks
+        self.isolate = isolate
+        self.programs = programs
+        self.ranks = tuple(p.rank for p in programs)
         self.topology = topology
         self.plan = plan
         self._network: NetworkModel | None = None
@@ -106,7 +128,8 @@ class _World:
                 raise TopologyError(f"rank {rank} posts {type(instruction).__name__.lower()} "
                                     f"{instruction.name!r}: topology = None; communication needs a topology")
             from simulator.engine.network_model import NetworkModel
-            self._network = NetworkModel(self.env, self.topology, self.ranks, self.plan)
+            self._network = NetworkModel(self.env, self.topology, self.ranks, self.plan, self.programs,
+                                         isolate=self.isolate)
         return self._network
 
     @property
@@ -131,6 +154,11 @@ class _RankState:
         self.stream_transfers: dict[str, list[tuple[float, float]]] = {}   # comm stream -> transfer times
         self.comm_intervals: list[tuple[float, float]] = []
         self.exposed_intervals: list[tuple[float, float]] = []
+        self.waiters: dict[str, int] = {}            # event -> WaitFor instructions on it (all streams)
+        for instructions in program.streams.values():
+            for instruction in instructions:
+                if type(instruction) is WaitFor:
+                    self.waiters[instruction.event] = self.waiters.get(instruction.event, 0) + 1
 
     def event(self, name: str) -> simpy.Event:
         if name not in self.events:
@@ -156,9 +184,10 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
         EngineDeadlock: (a DeadlockError) streams blocked forever; lists every blocked (rank, stream,
             instruction) with what it waits for: an event, a peer's send/recv, members of a collective.
     """
-    env = simpy.Environment()
+    env = _Environment()
     states = [_RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
-    world = _World(env, tuple(p.rank for p in programs), topology, plan if options.shadow_traffic else None)
+    world = _World(env, programs, topology, plan if options.shadow_traffic else None,
+                   options.isolated_collectives)
     finished: list[str] = []
     for state in states:
         for stream, instructions in state.program.streams.items():
@@ -181,59 +210,79 @@ def _blocked(state: _RankState, stream: str) -> BlockedInstruction:
     return BlockedInstruction(state.program.rank, stream, index, text, reason)
 
 
-def _stream_process(env, state: _RankState, stream: str, instructions, options: EngineOptions,
+def _stream_process(env: _Environment, state: _RankState, stream: str, instructions, options: EngineOptions,
                     finished: list[str], world: _World):
+    """Run one stream's instructions.
+
+    The stream keeps its own clock `now`. After a resume that wakes only this stream (its own timer, an
+    event no other stream waits for), a compute op that ends before the next scheduled simpy event cannot
+    be interleaved with anything else, so it is run without yielding and the clock moves ahead of
+    env.now; every memory event, span and mark still gets its exact time. The stream yields (to an event
+    at exactly `now`) before anything that other streams or the network can observe at env.now.
+    """
     memory = state.memory
     trace = state.trace
     rank = state.program.rank
     record_spans = options.record_spans
+    spans = trace.spans
+    peek = env.peek
+    waiters = state.waiters
+    now = env.now
+    own = options.run_ahead    # the last resume woke this stream alone: nothing else runs before peek()
+    ahead = options.run_ahead
     for index, instruction in enumerate(instructions):
         if state.failed:
             return
         kind = type(instruction)
         if kind is Run:
             op = instruction.op
-            start = env.now
-            if op.allocs and not _allocate(state, op.allocs, stream, start, op.name):
-                return
-            if instruction.duration_s > 0:
-                yield env.timeout(instruction.duration_s)
+            start = now
+            if op.allocs:
+                memory.allocate(op.allocs, stream, start, op.name)
+            duration = instruction.duration_s
+            if duration > 0:
+                now = start + duration
+                if not own or now >= peek():
+                    yield env.at(now)
+                    own = ahead
             if record_spans:
-                trace.spans.append(Span(rank, stream, op.name, op.op_class, op.phase, start, env.now,
-                                        op.flops, op.bytes_read + op.bytes_written,
-                                        instruction.iteration))
+                spans.append(Span(rank, stream, op.name, op.op_class, op.phase, start, now, op.flops,
+                                  op.bytes_read + op.bytes_written, instruction.iteration))
             if op.frees:
-                memory.free(op.frees, env.now, op.name)
+                memory.free(op.frees, now, op.name)
         elif kind is Alloc:
-            if not _allocate(state, instruction.tensors, stream, env.now, instruction.reason):
-                return
+            memory.allocate(instruction.tensors, stream, now, instruction.reason)
         elif kind is Free:
-            memory.free(instruction.tensors, env.now, instruction.reason)
+            memory.free(instruction.tensors, now, instruction.reason)
         elif kind is Signal:
             event = state.event(instruction.event)
             if not event.triggered:
                 if stream in state.comm_streams:
                     state.comm_signalled[instruction.event] = stream
-                event.succeed()
+                env.trigger_at(event, now)
         elif kind is WaitFor:
             event = state.event(instruction.event)
             if not event.triggered:
                 state.blocked[stream] = (index, instruction, None)
-                waited_from = env.now
+                waited_from = now
                 yield event
+                now = env.now
+                own = ahead and waiters.get(instruction.event, 0) <= 1
                 state.blocked.pop(stream, None)
                 signaller = state.comm_signalled.get(instruction.event)
-                if stream == COMPUTE_STREAM and signaller is not None and env.now > waited_from:
-                    _expose(state, signaller, waited_from, env.now)
+                if stream == COMPUTE_STREAM and signaller is not None and now > waited_from:
+                    _expose(state, signaller, waited_from, now)
         elif kind is Mark:
             if instruction.label == "measure":
                 memory.start_measuring()
-            state.marks.append((instruction.label, instruction.iteration, env.now))
+            state.marks.append((instruction.label, instruction.iteration, now))
         elif kind is Collective or kind is Send or kind is Recv:
+            if now > env.now:
+                yield env.at(now)     # the network model works at env.now
             state.comm_streams[stream] = None
             allocs = instruction.allocs if kind is not Send else ()
             if allocs:
-                _allocate(state, allocs, stream, env.now, instruction.name)
+                memory.allocate(allocs, stream, now, instruction.name)
             network = world.network(rank, instruction)
             if kind is Collective:
                 pending = network.collective(rank, instruction)
@@ -247,24 +296,23 @@ def _stream_process(env, state: _RankState, stream: str, instructions, options: 
             if not pending.done.triggered:
                 state.blocked[stream] = (index, instruction, pending)
             yield pending.done
+            now = env.now
+            own = ahead    # a posted instruction's completion wakes only its own stream
             state.blocked.pop(stream, None)
             started = pending.start_s
-            if env.now > started:
-                state.comm_intervals.append((started, env.now))
-                state.stream_transfers.setdefault(stream, []).append((started, env.now))
+            if now > started:
+                state.comm_intervals.append((started, now))
+                state.stream_transfers.setdefault(stream, []).append((started, now))
                 if stream == COMPUTE_STREAM:
-                    state.exposed_intervals.append((started, env.now))
+                    state.exposed_intervals.append((started, now))
             if record_spans:
-                trace.spans.append(Span(rank, stream, instruction.name, span_kind, COMM_PHASE, started, env.now,
-                                        0.0, int(instruction.size_bytes), instruction.iteration))
+                spans.append(Span(rank, stream, instruction.name, span_kind, COMM_PHASE, started, now,
+                                  0.0, int(instruction.size_bytes), instruction.iteration))
             if kind is Collective and instruction.frees:
-                memory.free(instruction.frees, env.now, instruction.name)
+                memory.free(instruction.frees, now, instruction.name)
+    if now > env.now:
+        yield env.at(now)        # the simulation ends when the last stream's clock does
     finished.append(stream)
-
-
-def _allocate(state: _RankState, tensors, stream: str, time_s: float, op: str) -> bool:
-    state.memory.allocate(tensors, stream, time_s, op)
-    return True
 
 
 def _expose(state: _RankState, signaller: str, waited_from_s: float, now_s: float) -> None:

@@ -9,6 +9,14 @@ a send or recv whose peer is not simulated launches when posted. With a `Paralle
 unsimulated ranks that the representatives stand for (the other TP/DP groups of a stage, the other
 stage-to-stage pairs) is started too, as *shadow* operations that nobody waits for but that load the
 links exactly as in a full simulation.
+
+Given the programs up front (`programs=`), the model first works out which operations can interact
+(simulator/network/footprint.py: components of the union of every operation's links). A shadow whose
+component holds no simulated rank's traffic cannot change any simulated time under max-min sharing and
+is not started. A collective whose component holds only collectives over its own group, posted by every
+simulated member from a single stream (so they never overlap), runs alone on its links: it is timed once
+per (kind, group, size) by simulating it alone on a FlowNetwork and then completes after that duration,
+without flows.
 """
 
 from __future__ import annotations
@@ -17,11 +25,12 @@ from collections import deque
 import simpy
 
 from simulator.errors import PlanError
-from simulator.network.collectives import CollectiveSchedule, lower_collective
+from simulator.network.collectives import CollectiveSchedule, candidates, lower_collective
+from simulator.network.footprint import footprint, interference_components, isolated_duration_s
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
-from simulator.parallel.program import Collective, Recv, Send
+from simulator.parallel.program import Collective, Program, Recv, Send
 
 AXES_TRIED = ("tp", "dp", "pp")
 
@@ -69,10 +78,13 @@ class NetworkModel:
         topology: the cluster; global rank r runs on GPU r.
         simulated_ranks: the ranks that have programs.
         plan: the parallel plan; with it, shadow traffic of unsimulated ranks is added (module docstring).
+        programs: every simulated rank's program; with them, shadows that cannot reach simulated traffic
+            are dropped and link-isolated collectives are timed without flows (module docstring).
+        isolate: time link-isolated collectives without flows (False: every collective runs as flows).
     """
 
     def __init__(self, env: simpy.Environment, topology: Topology, simulated_ranks: tuple[int, ...],
-                 plan: ParallelPlan | None = None):
+                 plan: ParallelPlan | None = None, programs: list[Program] | None = None, isolate: bool = True):
         self.env = env
         self.topology = topology
         self.plan = plan
@@ -87,6 +99,16 @@ class NetworkModel:
         self._schedules: dict[tuple, CollectiveSchedule] = {}
         self._shadow_groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self.shadow_operations = 0
+        self.shadows_dropped = 0
+        self.isolated_operations = 0
+        self._kept: set[tuple] | None = None          # shadow (kind, group, size) worth starting; None: all
+        self._isolated: dict[tuple, float | None] = {}  # (kind, group, size) -> duration (None: not yet timed)
+        self._represented_of: dict[int, tuple[int, ...]] = {}
+        self._footprints: dict[tuple, tuple[int, ...]] = {}   # (kind, group, moves bytes) -> any-algorithm links
+        self._alone: dict[tuple[int, ...], bool] = {}     # group -> a poster is its only simulated member
+        self._started_shadows: dict[tuple, tuple[tuple[tuple[int, ...], ...], int]] = {}   # -> (kept, dropped)
+        if programs is not None:
+            self._analyze(programs, isolate)
 
     # ----- posting ------------------------------------------------------------------------------------------
     def collective(self, rank: int, instruction: Collective) -> Pending:
@@ -95,6 +117,15 @@ class NetworkModel:
             raise PlanError(f"collective {instruction.name!r}: rank {rank} posts it but group = "
                             f"{list(instruction.group)} does not contain it")
         pending = Pending(self.env, rank, self.env.now)
+        kind, size = instruction.kind, instruction.size_bytes
+        alone = self._alone.get(instruction.group)
+        if alone is None:
+            alone = self._alone[instruction.group] = all(r == rank or r not in self.simulated
+                                                         for r in instruction.group)
+        if alone:
+            # The only simulated member: it launches at once (no gathering to match members by occurrence).
+            self._launch_with_shadows(kind, instruction.group, size, [pending], instruction.name)
+            return pending
         base = (instruction.kind, instruction.group, instruction.name, instruction.iteration)
         count_key = (rank, *base)
         occurrence = self._occurrences.get(count_key, 0)
@@ -118,12 +149,27 @@ class NetworkModel:
             return pending
         del self._gatherings[key]
         waiters = [gathering.arrived[r] for r in gathering.expected]
-        schedule = self._lower(instruction.kind, instruction.group, instruction.size_bytes)
-        self._launch(schedule, waiters, instruction.name)
-        for group in self._shadows(instruction.kind, instruction.group):
-            self._launch(self._lower(instruction.kind, group, instruction.size_bytes), [], instruction.name)
-            self.shadow_operations += 1
+        self._launch_with_shadows(kind, instruction.group, size, waiters, instruction.name)
         return pending
+
+    def _launch_with_shadows(self, kind: str, group: tuple[int, ...], size: float, waiters: list[Pending],
+                             label: str) -> None:
+        """Launch a collective whose simulated members all posted it, and its shadows worth starting."""
+        key = (kind, group, size)
+        if key in self._isolated:
+            self._launch_isolated(key, waiters)
+        else:
+            self._launch(self._lower(kind, group, size), waiters, label)
+        started = self._started_shadows.get(key)
+        if started is None:
+            shadows = self._shadows(kind, group)
+            kept = tuple(g for g in shadows if self._kept is None or (kind, g, size) in self._kept)
+            started = self._started_shadows[key] = (kept, len(shadows) - len(kept))
+        kept, dropped = started
+        for shadow in kept:
+            self._launch(self._lower(kind, shadow, size), [], label)
+        self.shadow_operations += len(kept)
+        self.shadows_dropped += dropped
 
     def send(self, rank: int, instruction: Send) -> Pending:
         """Post a send from `rank`; the transfer starts when the matching recv is posted (or at once if the
@@ -169,6 +215,74 @@ class NetworkModel:
             raise PlanError(f"send {send.name!r} from rank {src} (tag {send.tag!r}): size_bytes = "
                             f"{send.size_bytes!r} but the matching recv {recv.name!r} expects {recv.size_bytes!r}")
 
+    # ----- which operations interact -----------------------------------------------------------------------
+    def _analyze(self, programs: list[Program], isolate: bool) -> None:
+        """Find the shadows worth starting and the link-isolated collectives (module docstring)."""
+        real: dict[tuple, None] = {}              # (kind, group, size) of simulated ranks' operations
+        posters: dict[tuple[int, ...], dict[int, set[str]]] = {}   # collective group -> rank -> streams
+        for program in programs:
+            rank = program.rank
+            for stream, instructions in program.streams.items():
+                for instruction in instructions:
+                    kind = type(instruction)
+                    if kind is Collective:
+                        real[(instruction.kind, instruction.group, instruction.size_bytes)] = None
+                        posters.setdefault(instruction.group, {}).setdefault(rank, set()).add(stream)
+                    elif kind is Send:
+                        real[("send", (rank, instruction.peer), instruction.size_bytes)] = None
+                    elif kind is Recv:
+                        real[("send", (instruction.peer, rank), instruction.size_bytes)] = None
+        shadows: dict[tuple, None] = {}
+        for kind, group, size in real:
+            if kind == "send":
+                shadows.update(dict.fromkeys(("send", pair, size) for pair in self._shadow_pairs(*group)))
+            else:
+                shadows.update(dict.fromkeys((kind, shadow, size) for shadow in self._shadows(kind, group)))
+        operations = dict.fromkeys(real) | shadows
+        # A shadow's footprint is the union over every algorithm NCCL could pick for it (a superset, so
+        # pruning stays exact) which spares choosing the algorithm of shadows that are then dropped.
+        footprints = {key: footprint(self.topology, self._lower(*key)) if key in real else self._any_footprint(key)
+                      for key in operations}
+        component = interference_components(footprints)
+        reached = {component[key] for key in real if component[key] >= 0}
+        self._kept = {key for key in shadows if component[key] in reached}
+        if not isolate:
+            return
+        groups: dict[int, set[tuple]] = {}        # component -> (is a transfer, group) of its operations
+        for key in operations:
+            if key in real or key in self._kept:
+                groups.setdefault(component[key], set()).add((key[0] == "send", key[1]))
+        for key in real:
+            kind, group, _ = key
+            if kind == "send" or component[key] < 0 or groups[component[key]] != {(False, group)}:
+                continue
+            streams = posters[group]
+            if all(len(streams.get(r, ())) == 1 for r in group if r in self.simulated):
+                self._isolated[key] = None
+
+    def _any_footprint(self, key: tuple) -> tuple[int, ...]:
+        """Resources `key` may load under any of its candidate algorithms (one protocol each: same links)."""
+        kind, group, size = key
+        # The links a lowered schedule loads do not depend on its size, only on whether it moves bytes.
+        cache_key = (kind, group, size > 0)
+        cached = self._footprints.get(cache_key)
+        if cached is not None:
+            return cached
+        if kind == "send" and len(group) == 2 and group[0] != group[1]:
+            # One direct flow from src to dst (lower_collective's send): its route's resources, sorted.
+            result = tuple(r for r, _ in self.topology.route(*group).resources) if size > 0 else ()
+            self._footprints[cache_key] = result
+            return result
+        found: dict[int, None] = {}
+        first_protocol: dict[str, str] = {}
+        for algorithm, protocol in candidates(self.topology, kind, group):
+            first_protocol.setdefault(algorithm, protocol)
+        for algorithm, protocol in first_protocol.items():
+            schedule = lower_collective(self.topology, kind, group, size, algorithm, protocol)
+            found.update(dict.fromkeys(footprint(self.topology, schedule)))
+        result = self._footprints[cache_key] = tuple(sorted(found))
+        return result
+
     # ----- lowering and symmetry ----------------------------------------------------------------------------
     def _lower(self, kind: str, group: tuple[int, ...], size_bytes: float) -> CollectiveSchedule:
         key = (kind, group, size_bytes)
@@ -182,10 +296,13 @@ class NetworkModel:
         plan = self.plan
         if plan is None or not 0 <= rank < plan.world_size:
             return ()
-        stage = plan.stage_of(rank)
-        if plan.rank_of(dp=0, pp=stage, tp=0) != rank:
-            return ()
-        return tuple(r for r in plan.stage_ranks(stage) if r not in self.simulated)
+        found = self._represented_of.get(rank)
+        if found is None:
+            stage = plan.stage_of(rank)
+            found = () if plan.rank_of(dp=0, pp=stage, tp=0) != rank else \
+                tuple(r for r in plan.stage_ranks(stage) if r not in self.simulated)
+            self._represented_of[rank] = found
+        return found
 
     def _shadows(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         """Groups of the same axis that unsimulated, represented ranks run the same collective over."""
@@ -199,17 +316,23 @@ class NetworkModel:
             members = sorted(group)
             axis = next((a for a in AXES_TRIED if sorted(plan.group_of(members[0], a)) == members), None)
             if axis is not None:
-                position = {r: plan.group_of(r, axis).index(r) for r in group}
+                # Position in the real group's listing of each axis coordinate (broadcast root first); a
+                # group_of tuple lists its members in coordinate order, so member i has coordinate i.
+                listed = {plan.group_of(r, axis).index(r): i for i, r in enumerate(group)}
+                seen: set[tuple[int, ...]] = set()
                 for rank in group:
                     if rank not in self.simulated:
                         continue
                     for other in self._represented(rank):
                         shadow_group = plan.group_of(other, axis)
+                        if shadow_group in seen:
+                            continue
+                        seen.add(shadow_group)
                         if any(r in self.simulated for r in shadow_group):
                             continue
                         # keep the members in the order the real group lists them (broadcast root first)
-                        ordered = tuple(sorted(shadow_group, key=lambda r: _order_in(group, position, r, plan,
-                                                                                    axis)))
+                        keys = [listed.get(i, i) for i in range(len(shadow_group))]
+                        ordered = tuple(r for _, r in sorted(zip(keys, shadow_group)))
                         found.setdefault(ordered, None)
         result = tuple(found)
         self._shadow_groups[key] = result
@@ -234,8 +357,27 @@ class NetworkModel:
     def _transfer(self, src: int, dst: int, size_bytes: float, waiters: list[Pending], label: str) -> None:
         self._launch(self._lower("send", (src, dst), size_bytes), waiters, label)
         for a, b in self._shadow_pairs(src, dst):
-            self._launch(self._lower("send", (a, b), size_bytes), [], label)
-            self.shadow_operations += 1
+            if self._kept is None or ("send", (a, b), size_bytes) in self._kept:
+                self._launch(self._lower("send", (a, b), size_bytes), [], label)
+                self.shadow_operations += 1
+            else:
+                self.shadows_dropped += 1
+
+    def _launch_isolated(self, key: tuple, waiters: list[Pending]) -> None:
+        """Complete a link-isolated collective after its time alone on the network (module docstring)."""
+        duration = self._isolated[key]
+        if duration is None:
+            duration = self._isolated[key] = isolated_duration_s(self.topology, self._lower(*key))
+        now = self.env.now
+        for pending in waiters:
+            pending.start_s = now
+            pending.reason = ""
+        self.isolated_operations += 1
+        if len(waiters) == 1:
+            waiters[0].done = self.env.timeout(duration)
+            return
+        timer = self.env.timeout(duration)
+        timer.callbacks.append(lambda _event, ws=waiters: [w.done.succeed() for w in ws])
 
     def _launch(self, schedule: CollectiveSchedule, waiters: list[Pending], label: str) -> None:
         now = self.env.now
@@ -314,9 +456,3 @@ class NetworkModel:
                 lines.append(f"rank {rank}: {gathering.arrived[rank].reason}")
         return lines
 
-
-def _order_in(group: tuple[int, ...], position: dict[int, int], rank: int, plan: ParallelPlan, axis: str) -> int:
-    """Sort key putting a shadow group's members in the order of the real group's axis coordinates."""
-    coordinate = plan.group_of(rank, axis).index(rank)
-    order = [position[r] for r in group]
-    return order.index(coordinate) if coordinate in order else coordinate

@@ -57,6 +57,11 @@ class DeviceSpec:
     sdpa_flash_with_dropout: bool        # SDPA keeps its flash kernel when dropout_p > 0
     default_allocator: str               # "caching" (PyTorch CUDA caching allocator) or "exact"
     optimizer_foreach: bool              # torch optimizers default to foreach (multi-tensor) kernels
+    # Resident threads per SM: sizes the global staging buffer of torch's CUDA reductions (bias and norm-weight
+    # gradients, simulator/workload/reductions.py); 0 where that buffer is not modelled (CPU, ROCm).
+    max_threads_per_sm: int = 0
+    # torch's autograd engine runs CUDA backward on its own thread, whose cuBLAS handle gets one more workspace.
+    backward_workspace_bytes: int = 0
     source: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,7 +77,8 @@ class DeviceSpec:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise bad(key, value, "must be a positive integer")
-        for key in ("context_bytes", "cublas_workspace_bytes", "pcie_gen", "pcie_lanes", "gemm_k_overhead"):
+        for key in ("context_bytes", "cublas_workspace_bytes", "pcie_gen", "pcie_lanes", "gemm_k_overhead",
+                    "max_threads_per_sm", "backward_workspace_bytes"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise bad(key, value, "must be a non-negative integer")
@@ -179,6 +185,9 @@ CONTEXT = ("estimate, calibratable: CUDA context with lazy module loading measur
 LAUNCH = ("estimate, calibratable: eager torch op ~5-7 us on the host (pytorch/pytorch#41383), raw cuLaunchKernel "
           "~3 us (meta-pytorch/tritonbench#1017), 1.1-1.3 us per kernel on the GPU under graph replay "
           "(pytorch/pytorch#161104); 5 us = the eager cost that bounds small kernels")
+THREADS_PER_SM = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability': {n} resident "
+                  "threads per SM for compute capability {cc}; torch max_threads_per_multi_processor = 2048 on an "
+                  "H200 (validation/data/cuda/reductions.json)")
 GPU_FLAGS = MappingProxyType({"dropout_mask_dtype": "bool", "sdpa_flash_with_dropout": True,
                               "default_allocator": "caching", "optimizer_foreach": True})
 GPU_GEMM_SHAPE = MappingProxyType({
@@ -213,6 +222,11 @@ def _nvidia(**fields: object) -> DeviceSpec:
     ws, lt = (33_554_432 if hopper else 8_519_680), 1_048_576
     defaults: dict[str, object] = {
         "kind": "gpu", "launch_overhead_s": (5e-6, LAUNCH), "context_bytes": (512 * MIB, CONTEXT),
+        "max_threads_per_sm": (2048, THREADS_PER_SM.format(cc="8.0 and 9.0", n=2048)),
+        "backward_workspace_bytes": (ws, f"{ws:,} B: the cuBLAS workspace of the autograd thread's own handle "
+                                         "(no cuBLASLt one: backward GEMMs have no bias epilogue); measured on an "
+                                         "H200, torch 2.11: a second 33,554,432 B allocation at the first backward "
+                                         "matmul (validation/data/cuda/memory/)"),
         "cublas_workspace_bytes": (ws + lt, CUBLAS_WS.format(
             ws=f"{ws:,} B ({'32 MiB on sm90' if hopper else ':4096:2:16:8 = 8 MiB + 128 KiB off sm90'})",
             lt=f"{lt:,} B (1024 KiB default)")),
@@ -336,7 +350,7 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 hbm_bytes_per_s=(936e9, GA102_WP),
                 l2_bytes=(6 * MIB, f"{GA102_WP}; L2 Cache Size 6291456 bytes (Jumperkables/cuda-benchmarking)"),
                 l2_bytes_per_s=(2722.7e9, f"{TILELANG}/rtx3090.py l2_bandwidth (sustained 2345.8 GB/s there)"),
-                sm_count=(82, GA102_WP),
+                sm_count=(82, GA102_WP), max_threads_per_sm=(1536, THREADS_PER_SM.format(cc="8.6", n=1536)),
                 peak_flop_per_s={"fp32": (35.6e12, GA102_WP), "tf32": (35.6e12, GA102_WP),
                                  "bf16": (71e12, GA102_WP), "fp16": (71e12, GA102_WP)},
                 tdp_w=(350, GA102_WP), pcie_gen=(4, GA102_WP), pcie_lanes=(16, GA102_WP),
@@ -361,6 +375,7 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 l2_bytes_per_s=(4510e9 * 2.53 / 2.23, f"{TILELANG}/rtx4090.py: 4510 GB/s measured at 2.23 GHz, "
                                                       "scaled to 2.53 GHz"),
                 sm_count=(128, f"{AD102_WP}; torch multi_processor_count=128"),
+                max_threads_per_sm=(1536, THREADS_PER_SM.format(cc="8.9", n=1536)),
                 peak_flop_per_s={"fp32": (82.6e12, AD102_WP), "tf32": (82.6e12, AD102_WP),
                                  "bf16": (165.2e12, AD102_WP), "fp16": (165.2e12, AD102_WP),
                                  "fp8": (330.3e12, AD102_WP)},
@@ -388,6 +403,10 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                                 "fp8": (2614.9e12, MI300X_DS)},
                launch_overhead_s=(5e-6, f"assumed as for CUDA: {LAUNCH}"),
                context_bytes=(512 * MIB, f"assumed as for CUDA (no ROCm measurement found): {CONTEXT}"),
+               max_threads_per_sm=(0, "not modelled: torch's ROCm reduction config sizes ctas_per_output by "
+                                      "other rules (Reduce.cuh USE_ROCM), and no MI300X measurement exists here"),
+               backward_workspace_bytes=(0, "not modelled: the autograd thread's hipBLAS(Lt) workspace was not "
+                                            "measured on ROCm"),
                cublas_workspace_bytes=(134_217_728 + 79_691_776, "torch CublasHandlePool.cpp (pytorch/pytorch@"
                                        "26a39059), ROCm: hipBLAS workspace 128 MiB on gfx94x + hipBLASLt 76 MiB"),
                tdp_w=(750, MI300X_DS), pcie_gen=(5, MI300X_DS), pcie_lanes=(16, MI300X_DS),
@@ -444,6 +463,8 @@ def _cpu() -> DeviceSpec:
         launch_overhead_s=(CPU_RUN["op_overhead_s"], f"{measured} (torch.add on one-element tensors)"),
         context_bytes=(0, "no device context on the host"),
         cublas_workspace_bytes=(0, "no cuBLAS on the host"),
+        max_threads_per_sm=(0, "no CUDA reduction kernel on the host: its staging buffers do not apply"),
+        backward_workspace_bytes=(0, "no cuBLAS handle on the autograd thread on the host"),
         tdp_w=(0.0, "not modeled: a slice of a shared cloud VM has no meaningful TDP"),
         pcie_gen=(0, "the host is the PCIe root, not a device on it"), pcie_lanes=(0, "no PCIe link"),
         nvlink_bytes_per_s_per_direction=(0.0, "no GPU fabric"),

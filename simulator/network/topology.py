@@ -338,7 +338,17 @@ class Topology:
         for _, _, res, _ in hops:
             uses[res] = uses.get(res, 0) + 1
         nodes = tuple([hops[0][0]] + [h[1] for h in hops]) if hops else (self._name(a),)
-        bottleneck = min((self.capacity_bytes_per_s(r) / n for r, n in uses.items()), default=math.inf)
+        fabric_base, local_count = self._fabric_base, self._local_resources
+        nic_end = fabric_base + self._nic_resources
+        capacities = index.capacities
+
+        def capacity(r: int) -> float:     # capacity_bytes_per_s for ids known to be in range
+            if r < fabric_base:
+                return capacities[r % local_count]
+            return link.bytes_per_s if r < nic_end else self.uplink_bytes_per_s
+
+        link = self.server.link(self.fabric.link)
+        bottleneck = min((capacity(r) / n for r, n in uses.items()), default=math.inf)
         return Route(nodes, tuple(sorted(uses.items())), sum(h[3].latency_s for h in hops), bottleneck,
                      tuple(h[3].link_class for h in hops))
 

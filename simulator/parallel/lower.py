@@ -73,7 +73,10 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
         for microbatch in range(accumulation_steps):
             program.append(Alloc(workload.microbatch_inputs, f"micro-batch {microbatch} inputs"))
             runs = first if microbatch == 0 else later
-            program.extend(_retag(runs, it))
+            if it == 0 and microbatch == 0 and workload.first_use:
+                program.extend(_with_first_use(runs, dict(workload.first_use)))
+            else:
+                program.extend(_retag(runs, it))
             program.append(Free(workload.microbatch_inputs, f"micro-batch {microbatch} done"))
         if it == 0:
             program.append(Alloc(workload.optimizer_state_ids, "optimizer state (first step)"))
@@ -81,6 +84,17 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
         program.append(Free(workload.gradients, "zero_grad(set_to_none=True)"))
         program.append(Mark("iteration_end", it))
     return Program(rank, device.name, stage, tensors, {COMPUTE: tuple(program)})
+
+
+def _with_first_use(runs: list[Run], first_use: dict[str, tuple[int, ...]]) -> list[Instruction]:
+    """The runs with each lazily allocated tensor group allocated right before the first op of its name."""
+    out: list[Instruction] = []
+    for run in runs:
+        ids = first_use.pop(run.op.name, None)
+        if ids:
+            out.append(Alloc(ids, f"{run.op.name} (first use)"))
+        out.append(run)
+    return out
 
 
 def _retag(runs: list[Run], iteration: int) -> list[Run]:

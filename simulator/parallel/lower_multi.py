@@ -14,9 +14,13 @@ Conventions (what is modelled and how):
   (Megatron's are blocking). Data-parallel reductions (group "dp", all_reduce / reduce_scatter) run
   on COMM_STREAM overlapped with backward; the compute stream waits for them before the optimizer
   step. Data-parallel all_gathers (ZeRO parameters) are waited for at once.
-* With pp > 1 the stage workload has no data-parallel ops: its gradients are all-reduced over the dp
-  group (one all_reduce per stage after its last backward) before the optimizer step; ZeRO with
-  pp > 1 is refused.
+* With pp > 1 the stage workload carries its data-parallel ops (workload/stage.py): bucket reductions
+  during the backward of the stage's last micro-batch (per chunk), on their own stream (DP_STREAM:
+  Megatron's DP and TP communicators run concurrently), overlapped with the rest of the backward;
+  the optimizer step waits for all; ZeRO-1 all_gathers the updated parameters after the step;
+  ZeRO-2/3 are refused. With tied embeddings, the first and last stage then all_reduce the word
+  embedding's gradient (V/tp x h elements) over their "embedding group" (Megatron's
+  finalize_model_grads), blocking, before the step.
 * Persistent tensors (parameters, buffers) are allocated at set-up; optimizer states at the first step.
 """
 
@@ -32,11 +36,13 @@ from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, A
                                         Instruction, Mark, Program, Recv, Run, Send, Signal, WaitFor)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
-from simulator.workload.graph import COLLECTIVE, OPTIMIZER_STEP
+from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import StageSpec, StageWorkload, build_stage
 from simulator.workload.training import IterationWorkload, Recipe
 from simulator.workload.transformer import Shape
+
+DP_STREAM = f"{COMM_STREAM}.dp"      # data-parallel reductions of pipeline stages (module docstring)
 
 
 @dataclass
@@ -48,7 +54,10 @@ class _Streams:
     compute: list[Instruction] = field(default_factory=list)
     other: dict[str, list[Instruction]] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)     # dp reductions the compute stream has not waited for
+    dp_stream: str = COMM_STREAM                          # the stream of data-parallel collectives
     count: int = 0
+    # Lazily allocated cuBLAS workspaces: True (first forward GEMM) / False (first other GEMM) -> tensor ids.
+    first_gemm: dict[bool, tuple[int, ...]] = field(default_factory=dict)
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -67,7 +76,7 @@ class _Streams:
             return
         ready, done = self.event(f"{op.name}.ready"), self.event(f"{op.name}.done")
         self.compute.append(Signal(ready))
-        comm = self.stream(COMM_STREAM)
+        comm = self.stream(self.dp_stream if axis == "dp" else COMM_STREAM)
         comm += [WaitFor(ready), Collective(op.name, op.collective or "all_reduce", group, float(op.comm_bytes),
                                             op.allocs, op.frees, run.iteration), Signal(done)]
         if axis == "dp" and op.collective in ("all_reduce", "reduce_scatter"):
@@ -87,6 +96,10 @@ class _Streams:
             else:
                 if run.op.phase == OPTIMIZER_STEP and self.pending:
                     self.flush()
+                if self.first_gemm and run.op.op_class == GEMM:
+                    ids = self.first_gemm.pop(run.op.phase == FORWARD, None)
+                    if ids:
+                        self.compute.append(Alloc(ids, f"{run.op.name} (first use)"))
                 self.compute.append(run)
 
     def program(self, device: DeviceSpec, stage: int, tensors) -> Program:
@@ -151,8 +164,9 @@ def build_stage_workloads(shape: Shape, recipe: Recipe, profile: KernelProfile, 
         actions = schedule.ranks[span.stage]
         backwards = [a.microbatch for a in actions if a.kind in ("B", "I") and a.chunk == span.chunk]
         first_backward = backwards[0] if backwards else 0
+        last_backward = backwards[-1] if backwards else schedule.microbatches - 1
         workload = build_stage(shape, recipe, profile, specs[(span.stage, span.chunk)], schedule.microbatches,
-                               first_backward, previous)
+                               first_backward, previous, sync_microbatch=last_backward)
         result[(span.stage, span.chunk)] = workload
         previous = (workload.output_shape, workload.output_dtype)
     return result
@@ -166,8 +180,6 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
                      warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0) -> Program:
     """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0)."""
-    if plan.dp > 1 and getattr(plan, "zero_stage", 0):
-        raise PlanError("ZeRO with pp > 1 is not lowered")
     rank = plan.rank_of(dp=dp, pp=stage, tp=tp)
     chunks = sorted(chunk for (s, chunk) in workloads if s == stage)
     tensors: dict[int, object] = {}
@@ -184,12 +196,15 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
         tensors.update(workload.tensors)
         offset = max(tensors) + 1
     cache: dict[tuple, float] = {}
-    timed = {chunk: [(timed_ops(list(mb.forward), w.tensors, device, 0, cache),
-                      timed_ops(list(mb.backward), w.tensors, device, 0, cache))
-                     for mb in w.microbatches] for chunk, w in mine.items()}
+    timed = {chunk: _timed_microbatches(w, device, cache) for chunk, w in mine.items()}
     steps = {chunk: timed_ops(w.optimizer, w.tensors, device, 0) for chunk, w in mine.items()}
-    streams = _Streams(rank, plan)
+    streams = _Streams(rank, plan, dp_stream=DP_STREAM)
     streams.compute.append(Alloc(tuple(t for w in mine.values() for t in w.persistent), "model set-up"))
+    # One set of cuBLAS workspaces per rank (its first chunk's), allocated at the first forward and the first
+    # backward GEMM the rank runs, whichever chunk that belongs to.
+    first = mine[min(mine)]
+    forward_names = {o.name for o in first.microbatches[0].forward}
+    streams.first_gemm = {name in forward_names: ids for name, ids in first.first_use}
     lowered = schedule_program(schedule)[stage]
     total = warmup_iterations + iterations
     for it in range(total):
@@ -202,8 +217,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                 continue
             _action(streams, step, mine, timed, it)
         streams.flush()
-        if plan.dp > 1:
-            _dp_all_reduce(streams, mine, plan, it)
+        _tied_embedding_all_reduce(streams, mine, plan, it)
         for chunk in chunks:
             workload = mine[chunk]
             if it == 0:
@@ -212,6 +226,22 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
             streams.compute.append(Free(workload.gradients, "zero_grad(set_to_none=True)"))
         streams.compute.append(Mark("iteration_end", it))
     return streams.program(device, stage, tensors)
+
+
+def _timed_microbatches(workload: StageWorkload, device: DeviceSpec,
+                        cache: dict[tuple, float]) -> list[tuple[list[Run], list[Run]]]:
+    """(forward, backward) runs per micro-batch; a copy (`copy_of`) takes its original's durations, which
+    are identical (same ops and sizes; the L2 reuse only looks at adjacent ops of one micro-batch)."""
+    timed: list[tuple[list[Run], list[Run]]] = []
+    for mb in workload.microbatches:
+        original = timed[mb.copy_of] if 0 <= mb.copy_of < len(timed) else None
+        if original is not None and len(original[0]) == len(mb.forward) and len(original[1]) == len(mb.backward):
+            timed.append(([Run(op, run.duration_s, 0) for op, run in zip(mb.forward, original[0])],
+                          [Run(op, run.duration_s, 0) for op, run in zip(mb.backward, original[1])]))
+        else:
+            timed.append((timed_ops(list(mb.forward), workload.tensors, device, 0, cache),
+                          timed_ops(list(mb.backward), workload.tensors, device, 0, cache)))
+    return timed
 
 
 def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], timed, it: int) -> None:
@@ -262,13 +292,19 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
     streams.compute.append(WaitFor(done))
 
 
-def _dp_all_reduce(streams: _Streams, mine: dict[int, StageWorkload], plan: ParallelPlan, it: int) -> None:
-    group = plan.group_of(streams.rank, "dp")
-    size = sum(w.tensors[g].nbytes for w in mine.values() for g in w.gradients)
-    ready, done = streams.event("dp.grad.ready"), streams.event("dp.grad.done")
+def _tied_embedding_all_reduce(streams: _Streams, mine: dict[int, StageWorkload], plan: ParallelPlan,
+                               it: int) -> None:
+    """First and last stage: all_reduce the tied word embedding's gradient over the embedding group."""
+    size = max((int(w.meta.get("tied_embedding_grad_bytes", 0)) for w in mine.values()), default=0)
+    if size == 0 or plan.pp == 1:
+        return
+    coords = plan.coords(streams.rank)
+    group = (plan.rank_of(dp=coords.dp, pp=0, tp=coords.tp),
+             plan.rank_of(dp=coords.dp, pp=plan.pp - 1, tp=coords.tp))
+    ready, done = streams.event("embedding.grad.ready"), streams.event("embedding.grad.done")
     streams.compute.append(Signal(ready))
-    streams.stream(COMM_STREAM).extend([WaitFor(ready), Collective("dp.grad_all_reduce", "all_reduce", group,
-                                                                   float(size), (), (), it), Signal(done)])
+    reduce = Collective("pp.tied_embedding_grad_all_reduce", "all_reduce", group, float(size), (), (), it)
+    streams.stream(COMM_STREAM).extend([WaitFor(ready), reduce, Signal(done)])
     streams.compute.append(WaitFor(done))
 
 
@@ -297,7 +333,8 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
                          for mb in workload.microbatches)
     return replace(workload, tensors=tensors, persistent=ids(workload.persistent),
                    optimizer_state_ids=ids(workload.optimizer_state_ids), microbatches=microbatches,
-                   optimizer=[op(o) for o in workload.optimizer], gradients=ids(workload.gradients))
+                   optimizer=[op(o) for o in workload.optimizer], gradients=ids(workload.gradients),
+                   first_use=tuple((name, ids(group)) for name, group in workload.first_use))
 
 
 def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan, schedule: Schedule,
@@ -320,7 +357,7 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         else a dict (stage, chunk) -> StageWorkload).
 
     Raises:
-        PlanError: ZeRO with pp > 1, or pp = 1 without `workload`.
+        PlanError: ZeRO-2/3 with pp > 1, or pp = 1 without `workload`.
     """
     if plan.pp == 1:
         if workload is None:
@@ -329,9 +366,9 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         programs = [lower_data_tensor_parallel(workload, device, plan, rank, warmup_iterations, iterations,
                                                recipe.accumulation_steps) for rank in ranks]
         return programs, {0: workload}
-    if recipe.dp > 1 and recipe.zero_stage:
-        raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO with parallel.pp = {plan.pp} > 1 is not "
-                        f"available yet (allowed with pp > 1: 0)")
+    if recipe.dp > 1 and recipe.zero_stage > 1:
+        raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO-2/3 with parallel.pp = {plan.pp} > 1 is not "
+                        f"supported (DeepSpeed's PipelineEngine refuses it too; allowed with pp > 1: 0, 1)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
     if not full:
         programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import math
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import matplotlib
 from matplotlib.figure import Figure
@@ -15,6 +17,9 @@ from simulator.io import atomic_write_bytes
 from simulator.trace.chrome import downsample_memory
 from simulator.trace.records import MemorySample, RankTrace, Trace
 from simulator.workload.graph import CATEGORIES, CATEGORY_LABELS
+
+if TYPE_CHECKING:
+    from simulator.parallel.plan import Coords
 
 MAX_PANELS = 16
 # Samples drawn per panel at most (min/max envelope kept, see downsample_memory).
@@ -85,6 +90,25 @@ def _select_ranks(ranks: list[RankTrace], stage_of_rank: dict[int, int] | None,
     shown = [r for r in ordered if r.rank in chosen]
     left_out = [r.rank for r in ordered if r.rank not in chosen]
     return shown, left_out
+
+
+def panel_label(rank: int, coords: Coords) -> str:
+    """The panel title of a rank of a parallel plan: "stage 1 (rank 5, dp 0, tp 1)"."""
+    return f"stage {coords.pp} (rank {rank}, dp {coords.dp}, tp {coords.tp})"
+
+
+def _panel_order(shown: list[RankTrace], coords_of_rank: Mapping[int, Coords] | None) -> list[RankTrace]:
+    """Stages side by side: panels by (stage, dp, tp) when the plan coordinates are known."""
+    if not coords_of_rank:
+        return shown
+
+    def key(rank: RankTrace) -> tuple[int, int, int, int]:
+        coords = coords_of_rank.get(rank.rank)
+        if coords is None:
+            return (1 << 30, 0, 0, rank.rank)
+        return (coords.pp, coords.dp, coords.tp, rank.rank)
+
+    return sorted(shown, key=key)
 
 
 def _peak(rank: RankTrace) -> tuple[float, int]:
@@ -194,10 +218,43 @@ def _legend_handles(with_oom: bool) -> list:
     return handles
 
 
-def render_memory_png(trace: Trace, title: str, stage_of_rank: dict[int, int] | None = None,
-                      ) -> bytes:
-    """Render the memory figure (see plot_memory) and return the PNG bytes."""
+def _panels(trace: Trace, stage_of_rank: dict[int, int] | None, coords_of_rank: Mapping[int, Coords] | None,
+            ) -> tuple[list[RankTrace], list[int], list[str]]:
+    """The ranks drawn (in panel order), the ranks left out and each panel's title."""
+    if coords_of_rank and stage_of_rank is None:
+        stage_of_rank = {rank: coords.pp for rank, coords in coords_of_rank.items()}
     shown, left_out = _select_ranks(trace.ranks, stage_of_rank)
+    shown = _panel_order(shown, coords_of_rank)
+    labels = []
+    for rank in shown:
+        if coords_of_rank is not None and rank.rank in coords_of_rank:
+            label = panel_label(rank.rank, coords_of_rank[rank.rank])
+        else:
+            label = f"rank {rank.rank}"
+            if stage_of_rank is not None and rank.rank in stage_of_rank:
+                label += f" (stage {stage_of_rank[rank.rank]})"
+        labels.append(f"{label} · {rank.device}")
+    return shown, left_out, labels
+
+
+def panel_titles(trace: Trace, stage_of_rank: dict[int, int] | None = None,
+                 coords_of_rank: Mapping[int, Coords] | None = None) -> list[str]:
+    """The first title line of each panel of memory.png, left to right and top to bottom.
+
+    Args:
+        trace: the simulation result.
+        stage_of_rank, coords_of_rank: as for plot_memory.
+
+    Returns:
+        One title per drawn panel, e.g. "stage 1 (rank 2, dp 0, tp 0) · rtx-4090".
+    """
+    return _panels(trace, stage_of_rank, coords_of_rank)[2]
+
+
+def render_memory_png(trace: Trace, title: str, stage_of_rank: dict[int, int] | None = None,
+                      coords_of_rank: Mapping[int, Coords] | None = None) -> bytes:
+    """Render the memory figure (see plot_memory) and return the PNG bytes."""
+    shown, left_out, labels = _panels(trace, stage_of_rank, coords_of_rank)
     panels = max(1, len(shown))
     ncols = panels if panels <= 4 else (3 if panels <= 9 else 4)
     nrows = math.ceil(panels / ncols)
@@ -224,12 +281,7 @@ def render_memory_png(trace: Trace, title: str, stage_of_rank: dict[int, int] | 
             if i >= len(shown):
                 ax.set_visible(False)
                 continue
-            rank = shown[i]
-            label = f"rank {rank.rank}"
-            if stage_of_rank is not None and rank.rank in stage_of_rank:
-                label += f" (stage {stage_of_rank[rank.rank]})"
-            label += f" · {rank.device}"
-            _draw_panel(ax, rank, trace, label, scale, unit)
+            _draw_panel(ax, shown[i], trace, labels[i], scale, unit)
         if not shown:
             axes.flat[0].set_visible(True)
             axes.flat[0].text(0.5, 0.5, "no ranks simulated", ha="center", va="center")
@@ -250,7 +302,8 @@ def render_memory_png(trace: Trace, title: str, stage_of_rank: dict[int, int] | 
 
 
 def plot_memory(trace: Trace, path: str | os.PathLike, title: str,
-                stage_of_rank: dict[int, int] | None = None) -> None:
+                stage_of_rank: dict[int, int] | None = None,
+                coords_of_rank: Mapping[int, Coords] | None = None) -> None:
     """Write memory.png: one panel per simulated rank (at most 16) of memory over time.
 
     Each panel stacks allocated bytes by category (GiB) over time, draws total allocated and
@@ -263,5 +316,7 @@ def plot_memory(trace: Trace, path: str | os.PathLike, title: str,
         path: the PNG file to write (atomically).
         title: the figure title (e.g. the scenario name).
         stage_of_rank: pipeline stage of each rank, for panel titles and panel selection.
+        coords_of_rank: (dp, pp, tp) of each rank in the parallel plan: panels are then ordered
+            by stage and titled "stage s (rank r, dp d, tp t) · device" (panel_label).
     """
-    atomic_write_bytes(path, render_memory_png(trace, title, stage_of_rank))
+    atomic_write_bytes(path, render_memory_png(trace, title, stage_of_rank, coords_of_rank))

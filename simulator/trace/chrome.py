@@ -5,13 +5,18 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simulator.io import atomic_write_bytes
 from simulator.trace.records import MemorySample, RankTrace, Span, Trace
 from simulator.workload.graph import CATEGORIES
+
+if TYPE_CHECKING:
+    from simulator.parallel.plan import Coords
 
 # Counter samples kept per rank before downsampling kicks in.
 MAX_COUNTER_SAMPLES = 20_000
@@ -142,7 +147,15 @@ def downsample_memory(samples: list[MemorySample], max_samples: int = MAX_COUNTE
     return [samples[i] for i in sorted(keep)]
 
 
-def _rank_label(rank: RankTrace, stage_of_rank: dict[int, int] | None) -> str:
+def process_label(rank: int, device: str, coords: Coords) -> str:
+    """The Chrome process name of a rank of a parallel plan: "rank 5 · stage 1 · dp 0 · tp 1 · a100-sxm-80gb"."""
+    return f"rank {rank} · stage {coords.pp} · dp {coords.dp} · tp {coords.tp} · {device}"
+
+
+def _rank_label(rank: RankTrace, stage_of_rank: dict[int, int] | None,
+                coords_of_rank: Mapping[int, Coords] | None = None) -> str:
+    if coords_of_rank is not None and rank.rank in coords_of_rank:
+        return process_label(rank.rank, rank.device, coords_of_rank[rank.rank])
     if stage_of_rank is not None and rank.rank in stage_of_rank:
         return f"rank {rank.rank} (stage {stage_of_rank[rank.rank]}) {rank.device}"
     return f"rank {rank.rank} {rank.device}"
@@ -259,7 +272,7 @@ def _metadata_events(pid: int, label: str, tracks: list[tuple[int, str]], has_st
 
 
 def chrome_trace(trace: Trace, scenario_name: str, *, stage_of_rank: dict[int, int] | None = None,
-                 world_size: int | None = None) -> dict:
+                 world_size: int | None = None, coords_of_rank: Mapping[int, Coords] | None = None) -> dict:
     """Build a Chrome/Perfetto trace-event document for a simulated Trace.
 
     One pid per simulated rank (pid = rank + 1: Perfetto treats pid 0 specially), one tid per
@@ -277,6 +290,8 @@ def chrome_trace(trace: Trace, scenario_name: str, *, stage_of_rank: dict[int, i
         scenario_name: written as the trace name.
         stage_of_rank: pipeline stage of each rank, used in process names when given.
         world_size: ranks in the whole job (default: the number of simulated ranks).
+        coords_of_rank: (dp, pp, tp) coordinates of each rank in the parallel plan; a rank found
+            here is named "rank r · stage s · dp d · tp t · device" (process_label).
 
     Returns:
         A JSON-serializable dict (see write_chrome_trace).
@@ -288,7 +303,8 @@ def chrome_trace(trace: Trace, scenario_name: str, *, stage_of_rank: dict[int, i
         pid = rank.rank + 1
         placed, tracks = _place_spans(rank.spans)
         steps = _step_events(pid, trace.iteration_bounds_s)
-        events.extend(_metadata_events(pid, _rank_label(rank, stage_of_rank), tracks, bool(steps)))
+        events.extend(_metadata_events(pid, _rank_label(rank, stage_of_rank, coords_of_rank), tracks,
+                                       bool(steps)))
         events.extend(steps)
         events.extend(_span_events(pid, placed, _stream_names(rank.spans)))
         events.extend(_counter_events(pid, rank.memory))
@@ -313,16 +329,18 @@ def chrome_trace(trace: Trace, scenario_name: str, *, stage_of_rank: dict[int, i
 
 def chrome_trace_json(trace: Trace, scenario_name: str, *,
                       stage_of_rank: dict[int, int] | None = None,
-                      world_size: int | None = None) -> str:
+                      world_size: int | None = None,
+                      coords_of_rank: Mapping[int, Coords] | None = None) -> str:
     """Serialize chrome_trace(...) deterministically, with a space after colons ("rank": 0)."""
     document = chrome_trace(trace, scenario_name, stage_of_rank=stage_of_rank,
-                            world_size=world_size)
+                            world_size=world_size, coords_of_rank=coords_of_rank)
     return json.dumps(document, indent=None, separators=(", ", ": "), allow_nan=False)
 
 
 def write_chrome_trace(path: str | os.PathLike, trace: Trace, scenario_name: str, *,
                        stage_of_rank: dict[int, int] | None = None,
-                       world_size: int | None = None) -> None:
+                       world_size: int | None = None,
+                       coords_of_rank: Mapping[int, Coords] | None = None) -> None:
     """Write the Chrome/Perfetto trace atomically; a path ending in ".gz" is gzip-compressed.
 
     Args:
@@ -331,9 +349,10 @@ def write_chrome_trace(path: str | os.PathLike, trace: Trace, scenario_name: str
         scenario_name: written as the trace name.
         stage_of_rank: pipeline stage of each rank, used in process names when given.
         world_size: ranks in the whole job (default: the number of simulated ranks).
+        coords_of_rank: (dp, pp, tp) of each rank, for process names (see chrome_trace).
     """
     data = chrome_trace_json(trace, scenario_name, stage_of_rank=stage_of_rank,
-                             world_size=world_size).encode("utf-8")
+                             world_size=world_size, coords_of_rank=coords_of_rank).encode("utf-8")
     if os.fspath(path).endswith(".gz"):
         data = gzip.compress(data, compresslevel=6, mtime=0)
     atomic_write_bytes(path, data)

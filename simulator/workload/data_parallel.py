@@ -286,6 +286,68 @@ def _sync(ops: list[Op], policy: LandingPolicy, setup: DataParallelSetup, plan: 
     return after, tail
 
 
+@dataclass(frozen=True)
+class GradientSync:
+    """A rank's gradient buckets, the buffers and shard they reduce into, and its shard size."""
+
+    plan: _SyncPlan
+    shard_numel: int        # elements of this rank's optimizer (and ZeRO-2/3 gradient) shard
+    total_numel: int        # elements of the parameters being synchronized
+
+
+def prepare_sync(setup: DataParallelSetup, params: list[ParamInfo], tensors: dict[int, Tensor],
+                 ids: IdSource) -> GradientSync:
+    """Bucket `params` (registration order) and declare the bucket buffers and gradient shard.
+
+    Buckets are packed in reverse registration order (torch's Reducer); the new tensors (persistent
+    bucket buffers, the ZeRO-2/3 gradient shard) are added to `tensors`.
+    """
+    dp, stage = setup.dp, setup.zero_stage
+    names = {p.id: p.name for p in params}
+    grad_nbytes = {p.id: p.numel * DTYPE_BYTES[p.grad_dtype] for p in params}
+    order = [p.id for p in reversed(params)]
+    first_cap = DDP_FIRST_BUCKET_BYTES if setup.framework == "torch" else None
+    first_cap = min(first_cap, setup.bucket_size_bytes) if first_cap is not None else None
+    buckets = gradient_buckets(order, grad_nbytes, setup.bucket_size_bytes, first_cap)
+    grad_dtype = params[0].grad_dtype if params else "fp32"
+    buffers: list[int] = []
+    if setup.buffers == "per_bucket":
+        for bucket in buckets:
+            t = Tensor(ids(), f"dp.bucket{bucket.index}", bucket.nbytes, COMMUNICATION_BUFFERS, grad_dtype,
+                       (bucket.nbytes // DTYPE_BYTES[grad_dtype],), persistent=True)
+            tensors[t.id] = t
+            buffers.append(t.id)
+    elif setup.buffers == "staging":
+        size = max(b.nbytes for b in buckets)
+        t = Tensor(ids(), "dp.grad_bucket", size, COMMUNICATION_BUFFERS, grad_dtype,
+                   (size // DTYPE_BYTES[grad_dtype],), persistent=True)
+        tensors[t.id] = t
+        buffers.append(t.id)
+    total = sum(p.numel for p in params)
+    shard = sum(shard_numel(p.numel, dp) for p in params) if stage == 3 else shard_numel(total, dp)
+    grad_shard = None
+    if stage >= 2:
+        g = Tensor(ids(), "dp.grad_shard", shard * DTYPE_BYTES[grad_dtype], GRADIENTS, grad_dtype, (shard,))
+        tensors[g.id] = g
+        grad_shard = g.id
+    plan = _SyncPlan(tuple(buckets), tuple(buffers), grad_shard, names, grad_nbytes,
+                     {p.id: p.grad_buffer for p in params if p.grad_buffer is not None}, grad_dtype)
+    return GradientSync(plan, shard, total)
+
+
+def reduce_gradients(ops: list[Op], landings: "LandingPolicy", setup: DataParallelSetup, sync: GradientSync,
+                     grad_ids: dict[int, int], allocate_shard: bool) -> list[Op]:
+    """`ops` (one micro-batch's backward) with each bucket's reduction after its last gradient lands.
+
+    `landings` gives, per parameter id, the index in `ops` after which its gradient is complete
+    (`landing`), the order gradients arrived (`order`) and the tensors that became `.grad`
+    (`grad_id`); `grad_ids` are the `.grad` tensors of the first backward (used where this one
+    accumulated into them). The per-bucket copies back into `.grad` (torch DDP) are appended.
+    """
+    after, tail = _sync(ops, landings, setup, sync.plan, grad_ids, allocate_shard)
+    return _weave(ops, {}, after, {}, {}) + tail
+
+
 # ------------------------------------------------------------------------------- ZeRO-3 gathers
 def _segments(ops: list[Op], start: int, stop: int, backward: bool) -> list[tuple[object, list[int]]]:
     """Consecutive runs of ops of one module: a layer, or what runs before/after the layers."""
@@ -366,39 +428,12 @@ def apply_data_parallel(workload: "IterationWorkload", setup: DataParallelSetup,
     """
     dp, stage = setup.dp, setup.zero_stage
     tensors = dict(workload.tensors)
-    persistent = list(workload.persistent)
-    names = {p.id: p.name for p in params}
-    grad_nbytes = {p.id: p.numel * DTYPE_BYTES[p.grad_dtype] for p in params}
-    order = [p.id for p in reversed(params)]
-    first_cap = DDP_FIRST_BUCKET_BYTES if setup.framework == "torch" else None
-    first_cap = min(first_cap, setup.bucket_size_bytes) if first_cap is not None else None
-    buckets = gradient_buckets(order, grad_nbytes, setup.bucket_size_bytes, first_cap)
-    grad_dtype = params[0].grad_dtype if params else "fp32"
-    buffers: list[int] = []
-    if setup.buffers == "per_bucket":
-        for bucket in buckets:
-            t = Tensor(ids(), f"dp.bucket{bucket.index}", bucket.nbytes, COMMUNICATION_BUFFERS, grad_dtype,
-                       (bucket.nbytes // DTYPE_BYTES[grad_dtype],), persistent=True)
-            tensors[t.id] = t
-            buffers.append(t.id)
-    elif setup.buffers == "staging":
-        size = max(b.nbytes for b in buckets)
-        t = Tensor(ids(), "dp.grad_bucket", size, COMMUNICATION_BUFFERS, grad_dtype,
-                   (size // DTYPE_BYTES[grad_dtype],), persistent=True)
-        tensors[t.id] = t
-        buffers.append(t.id)
-    persistent += buffers
-    total = sum(p.numel for p in params)
-    shard = sum(shard_numel(p.numel, dp) for p in params) if stage == 3 else shard_numel(total, dp)
-    grad_shard = None
-    gradients = list(workload.gradients)
-    if stage >= 2:
-        g = Tensor(ids(), "dp.grad_shard", shard * DTYPE_BYTES[grad_dtype], GRADIENTS, grad_dtype, (shard,))
-        tensors[g.id] = g
-        grad_shard = g.id
-        gradients = [g.id]
-    plan = _SyncPlan(tuple(buckets), tuple(buffers), grad_shard, names, grad_nbytes,
-                     {p.id: p.grad_buffer for p in params if p.grad_buffer is not None}, grad_dtype)
+    prepared = prepare_sync(setup, params, tensors, ids)
+    plan, shard, total = prepared.plan, prepared.shard_numel, prepared.total_numel
+    grad_shard = plan.grad_shard
+    persistent = list(workload.persistent) + list(plan.bucket_buffers)
+    gradients = [grad_shard] if grad_shard is not None else list(workload.gradients)
+    buckets = plan.buckets
     first_grads = dict(lists.first_policy.grad_id)
     param_tensors = {p.id: tensors[p.id] for p in params}
 
@@ -427,7 +462,7 @@ def apply_data_parallel(workload: "IterationWorkload", setup: DataParallelSetup,
     optimizer_ids = list(workload.optimizer_state_ids)
     optimizer = list(workload.optimizer)
     if stage >= 1:
-        optimizer_ids, optimizer = _sharded_step(workload, setup, shard, total, tensors, ids, grad_shard)
+        optimizer_ids, optimizer = sharded_step(workload, setup, shard, total, tensors, ids, grad_shard)
     if stage == 3:
         for p in params:
             full = tensors[p.id]
@@ -442,9 +477,13 @@ def apply_data_parallel(workload: "IterationWorkload", setup: DataParallelSetup,
                    last_microbatch=last, optimizer=optimizer, gradients=tuple(gradients), meta=meta)
 
 
-def _sharded_step(workload: "IterationWorkload", setup: DataParallelSetup, shard: int, total: int, tensors: dict[int, Tensor],
-                  ids: IdSource, grad_shard: int | None) -> tuple[list[int], list[Op]]:
-    """Optimizer states and step ops on this rank's flat shard (replacing the per-parameter ones)."""
+def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, tensors: dict[int, Tensor],
+                 ids: IdSource, grad_shard: int | None) -> tuple[list[int], list[Op]]:
+    """Optimizer states and step ops on this rank's flat shard (replacing the per-parameter ones).
+
+    `workload` is an IterationWorkload or a pipeline StageWorkload (its `optimizer` and
+    `optimizer_state_ids` are replaced); `total` = the elements of the parameters it updates.
+    """
     old_temps = [t for op in workload.optimizer for t in op.allocs]
     for tid in list(workload.optimizer_state_ids) + old_temps:
         tensors.pop(tid, None)

@@ -14,7 +14,6 @@ from simulator.workload.graph import (
     ATTENTION,
     BACKWARD_WEIGHT,
     COLLECTIVE,
-    COMMUNICATION_BUFFERS,
     COPY,
     DTYPE_BYTES,
     ELEMENTWISE,
@@ -24,9 +23,12 @@ from simulator.workload.graph import (
     OTHER,
     PARAMETERS,
     SOFTMAX,
-    Op,
 )
-from simulator.workload.tape import Grad, Kernel, Ref, Tape, numel
+from simulator.workload.reductions import column_sum_staging
+from simulator.workload.tape import FLOAT_DTYPES, Grad, Kernel, Ref, Tape, numel
+from simulator.workload.tp_ops import CollectiveSpec, TensorParallelOps, annotate_collectives
+
+__all__ = ["KernelProfile", "Ops", "CollectiveSpec", "annotate_collectives", "promote_types"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,26 @@ class KernelProfile:
     flash_with_dropout: bool = True        # CUDA flash supports dropout; CPU SDPA falls back to math
     device_kind: str = "gpu"
     library_workspace_bytes: int = 0       # cuBLAS workspace, allocated through the caching allocator
+    backward_workspace_bytes: int = 0      # the autograd thread's cuBLAS workspace (CUDA backward)
+    sm_count: int = 0                      # with max_threads_per_sm: sizes CUDA reductions' staging buffers
+    max_threads_per_sm: int = 0            # 0: no staging modelled (CPU, ROCm)
+
+    def column_sum_workspace(self, rows: int, width: int) -> tuple[tuple[tuple[int, ...], str], ...]:
+        """The transient (shape, dtype) buffers of summing a (rows, width) gradient over its rows."""
+        staging = column_sum_staging(rows, width, self.sm_count, self.max_threads_per_sm)
+        return tuple(((n,), "uint8") for n in (staging.buffer_bytes, staging.semaphore_bytes) if n)
+
+
+def promote_types(a: str, b: str) -> str:
+    """torch.result_type of two tensor operands: the wider float (fp32 over bf16/fp16; bf16 with fp16 is fp32);
+    a float over a non-float; otherwise the first operand's dtype."""
+    if a == b:
+        return a
+    if a in FLOAT_DTYPES and b in FLOAT_DTYPES:
+        return "fp32"
+    if b in FLOAT_DTYPES:
+        return b
+    return a
 
 
 def _ew_kernel(suffix: str, out: Ref, reads: int, grads: tuple[Grad, ...], flops_per: float = 1.0,
@@ -49,33 +71,7 @@ def _ew_kernel(suffix: str, out: Ref, reads: int, grads: tuple[Grad, ...], flops
                   dtype=out.dtype, grads=grads, **kwargs)
 
 
-@dataclass(frozen=True)
-class CollectiveSpec:
-    """What a recorded communication op does: the collective, its process group and NCCL's size."""
-
-    collective: str
-    group: str
-    comm_bytes: int
-
-
-def annotate_collectives(ops: list[Op], specs: dict[str, CollectiveSpec]) -> list[Op]:
-    """Copy the collective, group and bytes of `specs` (keyed by op name) onto the ops they name.
-
-    The tape's replay knows op names and classes only; forward and recomputed ops of a node share
-    its name, backward kernels are named `node.suffix`.
-    """
-    if not specs:
-        return ops
-    out = []
-    for op in ops:
-        spec = specs.get(op.name)
-        if spec is not None and op.op_class == COLLECTIVE:
-            op = replace(op, collective=spec.collective, group=spec.group, comm_bytes=spec.comm_bytes)
-        out.append(op)
-    return out
-
-
-class Ops:
+class Ops(TensorParallelOps):
     """Records PyTorch ops on a tape with autocast and device-kernel semantics.
 
     With `tp` > 1 it also records Megatron-LM's tensor-parallel communication (see the
@@ -89,6 +85,7 @@ class Ops:
                  comm_buffers: dict[tuple[int, str], Ref] | None = None):
         self.tape = tape
         self.profile = profile
+        tape.inplace_grad_accumulation = profile.device_kind == "gpu"
         self.autocast = autocast_dtype
         # fp8-mixed (Transformer Engine style): linears cast weights (cached) and inputs (saved) to fp8.
         self.fp8 = fp8_linear
@@ -136,6 +133,14 @@ class Ops:
             return x
         return self.cast(x, self.autocast, f"{name}.autocast_input")
 
+    def autocast_operand(self, x: Ref, name: str) -> Ref:
+        """The operand a lower-precision autocast op (matmul, SDPA) sees: a float tensor of another dtype is
+        cast to the autocast dtype (a copy with x's layout, alive until the op returns; saved where the op
+        saves its inputs), anything else passes unchanged."""
+        if self.autocast is None or x.dtype == self.autocast or x.dtype not in FLOAT_DTYPES:
+            return x
+        return self.cast(x, self.autocast, f"{name}.autocast")
+
     # ---------------------------------------------------------------- dense
     def linear(self, x: Ref, w: Ref, bias: Ref | None, name: str, saved_shard: Ref | None = None) -> Ref:
         """F.linear: y = x @ w.T + bias; saves x and w; backward = dgrad (+ wgrad, bias grad).
@@ -160,6 +165,8 @@ class Ops:
         e = DTYPE_BYTES[dt]
         out_shape = x.shape[:-1] + (out_features,)
         wgrads = [Grad(1, dtype=dt)] + ([Grad(2)] if bias is not None else [])
+        # The bias gradient is grad_output summed over the rows: a CUDA column reduction with staging buffers.
+        bias_workspace = self.profile.column_sum_workspace(rows, out_features) if bias is not None else ()
         kernels = (
             Kernel("dgrad", GEMM, flops=flops, bytes_read=rows * out_features * e + w.nbytes,
                    bytes_written=rows * in_features * e, dtype=compute,
@@ -167,8 +174,13 @@ class Ops:
             Kernel("wgrad", GEMM, flops=flops, bytes_read=rows * out_features * e + x.nbytes,
                    bytes_written=out_features * in_features * e, dtype=compute,
                    gemm_mnk=(out_features, in_features, rows), grads=tuple(wgrads),
-                   phase=BACKWARD_WEIGHT),
+                   phase=BACKWARD_WEIGHT, workspace=bias_workspace),
         )
+        if bias is None and self.tp == 1:
+            # Without a bias F.linear is a matmul whose autograd node (MmBackward0) computes the weight's
+            # gradient before the input's (measured on CPU, torch 2.13, and CUDA, torch 2.11); addmm (with a
+            # bias) and Megatron's tensor-parallel linears compute the input's first.
+            kernels = kernels[::-1]
         if saved_shard is not None:
             regather = Kernel("all_gather_input", COLLECTIVE, bytes_read=saved_shard.nbytes,
                               bytes_written=x.nbytes, dtype=x.dtype)
@@ -202,18 +214,31 @@ class Ops:
 
     # ---------------------------------------------------------------- pointwise
     def add(self, a: Ref, b: Ref, name: str, out_dtype: str | None = None) -> Ref:
-        """a + b (b may broadcast over leading dims): saves nothing; gradients pass through."""
-        dt = out_dtype or a.dtype
+        """a + b (b may broadcast over leading dims): saves nothing; gradients pass through.
+
+        The output has the promoted dtype (or `out_dtype`); autograd casts a gradient to its input's dtype
+        (a new buffer). A broadcast b of another dtype is summed down in the promoted dtype first (a temporary).
+        """
+        dt = out_dtype or promote_types(a.dtype, b.dtype)
         grad_b = Grad(1, alias=0) if b.shape == a.shape and b.dtype == dt else Grad(1)
         grad_a = Grad(0, alias=0) if a.dtype == dt else Grad(0)
+        temps = ((b.shape, dt),) if b.shape != a.shape and b.dtype != dt else ()
+        kernel = _ew_kernel("bwd", a, 0, (grad_a, grad_b), 0.0)
+        if temps:
+            kernel = replace(kernel, workspace=temps)
         (out,) = self.tape.node(name, ELEMENTWISE, (a, b), ((name, a.shape, dt),), flops=numel(a.shape),
-                                dtype=dt, backward=(_ew_kernel("bwd", a, 0, (grad_a, grad_b), 0.0),))
+                                dtype=dt, backward=(kernel,))
         return out
 
     def mul(self, a: Ref, b: Ref, name: str) -> Ref:
-        """a * b: saves each operand the other one's gradient needs."""
+        """a * b: saves each operand the other one's gradient needs.
+
+        With operands of different float dtypes the product has the promoted dtype (torch type promotion:
+        bf16 q times fp32 RoPE tables is fp32). Each input's gradient is computed in the promoted dtype (a
+        temporary) and cast to the input's dtype by the autograd engine.
+        """
         shape = a.shape if numel(a.shape) >= numel(b.shape) else b.shape
-        dt = a.dtype
+        dt = promote_types(a.dtype, b.dtype)
         st = self.tape._storages
         saves = []
         if st[b.id].requires_grad:
@@ -221,11 +246,28 @@ class Ops:
         if st[a.id].requires_grad:
             saves.append(b)
         grads = tuple(Grad(i) for i, r in enumerate((a, b)) if st[r.id].requires_grad)
-        # A broadcast operand's gradient is computed at full size, then summed down (a temporary).
-        temps = tuple((shape, dt) for r in (a, b) if st[r.id].requires_grad and r.shape != shape)
+        # A broadcast operand's gradient is computed at full size, then summed down (a temporary); summing over
+        # leading dims (a norm weight) is a CUDA column reduction with its own staging buffers. An operand of a
+        # narrower dtype gets its gradient in the promoted dtype first, then a cast (measured: torch 2.13 CPU).
+        temps: tuple[tuple[tuple[int, ...], str], ...] = ()
+        cast_read = cast_written = 0
+        for r in (a, b):
+            if not st[r.id].requires_grad:
+                continue
+            if r.shape != shape:
+                temps += ((shape, dt),)
+                if r.shape == shape[len(shape) - len(r.shape):]:
+                    temps += self.profile.column_sum_workspace(numel(shape) // numel(r.shape), numel(r.shape))
+                if r.dtype != dt:
+                    temps += ((r.shape, dt),)
+            elif r.dtype != dt:
+                temps += ((shape, dt),)
+            if r.dtype != dt:
+                cast_read += numel(r.shape) * DTYPE_BYTES[dt]
+                cast_written += numel(r.shape) * DTYPE_BYTES[r.dtype]
         n = numel(shape) * DTYPE_BYTES[dt]
-        kernel = Kernel("bwd", ELEMENTWISE, flops=numel(shape) * len(grads), bytes_read=2 * n,
-                        bytes_written=n * len(grads), dtype=dt, grads=grads, workspace=temps)
+        kernel = Kernel("bwd", ELEMENTWISE, flops=numel(shape) * len(grads), bytes_read=2 * n + cast_read,
+                        bytes_written=n * len(grads) + cast_written, dtype=dt, grads=grads, workspace=temps)
         (out,) = self.tape.node(name, ELEMENTWISE, (a, b), ((name, shape, dt),), saves=tuple(saves),
                                 flops=numel(shape), dtype=dt, backward=(kernel,))
         return out
@@ -304,15 +346,26 @@ class Ops:
                                 backward=(_ew_kernel("bwd", x, 2 * x.nbytes, (Grad(0),)),))
         return out
 
-    def softmax(self, x: Ref, name: str, out_dtype: str | None = None) -> Ref:
-        """softmax(x, -1, dtype): saves its output; backward allocates the input gradient."""
+    def softmax(self, x: Ref, name: str, out_dtype: str | None = None, log: bool = False) -> Ref:
+        """softmax(x, -1, dtype): saves its output; backward allocates the input gradient.
+
+        With a `dtype` other than x's, ATen converts x first (`x.to(dtype)`: a copy that lives until _softmax
+        returns; its backward casts the gradient back to x's dtype), except for fp16 input to fp32 on a GPU,
+        where one half-to-float kernel reads x directly and its backward writes an fp16 gradient. On a GPU
+        softmax's backward (not log_softmax's) first forms grad * output, a temporary of the gradient's size
+        (measured: CUDA, torch 2.11).
+        """
+        gpu = self.profile.device_kind == "gpu"
         dt = out_dtype or x.dtype
+        if dt != x.dtype and not (gpu and x.dtype == "fp16" and dt == "fp32"):
+            x = self.cast(x, dt, f"{name}.to_{dt}")
+        temps = ((x.shape, dt),) if gpu and not log else ()
         (out,) = self.tape.node(name, SOFTMAX, (x,), ((name, x.shape, dt),), saves=(0,),
                                 flops=5 * numel(x.shape), dtype=dt,
                                 backward=(Kernel("bwd", SOFTMAX, flops=4 * numel(x.shape),
                                                  bytes_read=2 * numel(x.shape) * DTYPE_BYTES[dt],
-                                                 bytes_written=x.nbytes, dtype=dt,
-                                                 grads=(Grad(0, dtype=dt),)),))
+                                                 bytes_written=x.nbytes, dtype=dt, grads=(Grad(0),),
+                                                 workspace=temps),))
         return out
 
     def masked_fill(self, x: Ref, mask_bytes_shape: tuple[int, ...], name: str) -> Ref:
@@ -369,181 +422,51 @@ class Ops:
         return out
 
     def cross_entropy(self, logits: Ref, targets: Ref, name: str) -> Ref:
-        """F.cross_entropy = log_softmax (saved output) + nll_loss (mean) -> scalar loss."""
+        """F.cross_entropy = log_softmax (saved output) + nll_loss (mean, saves its input) -> scalar loss.
+
+        Under autocast the two devices differ: CPU autocast runs cross_entropy_loss in fp32 (the logits are
+        cast, log_softmax is fp32); CUDA autocast leaves log_softmax in the logits' dtype (cross_entropy
+        passes it an explicit dtype) and casts only nll_loss's input to fp32, which nll_loss saves.
+        """
         x = logits
-        if self.autocast is not None and x.dtype != "fp32":
+        if self.autocast is not None and x.dtype != "fp32" and self.profile.device_kind == "cpu":
             x = self.cast(x, "fp32", f"{name}.autocast_fp32")
-        logp = self.softmax(x, f"{name}.log_softmax")
+        logp = self.softmax(x, f"{name}.log_softmax", log=True)
+        if self.autocast is not None and logp.dtype != "fp32":
+            logp = self.cast(logp, "fp32", f"{name}.nll_loss.autocast_fp32")
         rows = numel(targets.shape)
         kernel = Kernel("bwd", ELEMENTWISE, flops=rows, bytes_read=targets.nbytes,
                         bytes_written=logp.nbytes, dtype=logp.dtype, grads=(Grad(0),))
         loss, _total_weight = self.tape.node(
             f"{name}.nll_loss", ELEMENTWISE, (logp, targets),
             ((f"{name}.loss", (), logp.dtype), (f"{name}.total_weight", (), logp.dtype)),
-            saves=(targets, 1), flops=rows, dtype=logp.dtype,
+            saves=(logp, targets, 1), flops=rows, dtype=logp.dtype,
             bytes_read=rows * DTYPE_BYTES[logp.dtype] + targets.nbytes, backward=(kernel,))
         return loss
 
     # ---------------------------------------------------------------- attention
     def sdpa_flash(self, q: Ref, k: Ref, v: Ref, out_shape: tuple[int, ...], lse_shape: tuple[int, ...],
                    flops: float, name: str) -> Ref:
-        """Fused flash attention: output and logsumexp (fp32); saves q, k, v, output, logsumexp."""
+        """Fused flash attention: output and logsumexp (fp32); saves q, k, v, output, logsumexp.
+
+        On a GPU (measured: cuDNN SDPA, torch 2.11, H200) it also saves the dropout RNG's seed and offset (two
+        int64 scalars), and its backward takes a b·h·s·(4·d + 4) + 256-byte workspace: an fp32 dq
+        accumulator plus an fp32 row sum of dO·O per query (flash-attention 2's dq_accum and softmax_d have
+        the same size).
+        """
         dt = q.dtype
         io = q.nbytes + k.nbytes + v.nbytes
         out_bytes = numel(out_shape) * DTYPE_BYTES[dt]
+        gpu = self.profile.device_kind == "gpu"
+        workspace = ()
+        if gpu:
+            b, heads, s, d = q.shape
+            workspace = (((b * heads * s * (4 * d + 4) + 256,), "uint8"),)
         kernel = Kernel("bwd", ATTENTION, flops=2.5 * flops, bytes_read=io + 2 * out_bytes,
-                        bytes_written=io, dtype=dt, grads=(Grad(0), Grad(1), Grad(2)))
-        out, _lse = self.tape.node(name, ATTENTION, (q, k, v), ((name, out_shape, dt),
-                                   (f"{name}.logsumexp", lse_shape, "fp32")), saves=(q, k, v, 0, 1),
-                                   flops=flops, dtype=dt, bytes_written=out_bytes, backward=(kernel,))
-        return out
-
-    # ---------------------------------------------------------------- tensor parallelism (Megatron-LM)
-    @property
-    def comm_buffers(self) -> list[Ref]:
-        """The persistent communication buffers created so far (allocate them with the parameters)."""
-        return list(self._comm_buffers.values())
-
-    def _collective(self, op_name: str, kind: str, nbytes: int) -> None:
-        self.collectives[op_name] = CollectiveSpec(kind, "tp", nbytes)
-
-    def _alias(self, x: Ref, name: str, op_class: str, kernel: Kernel, moved_bytes: int = 0) -> Ref:
-        """An op whose output is x itself (identity or in-place): no allocation."""
-        (out,) = self.tape.node(name, op_class, (x,), ((name, x.shape, x.dtype),), bytes_read=moved_bytes,
-                                bytes_written=moved_bytes, dtype=x.dtype, backward=(kernel,))
-        self.tape._storages[out.id].base = self.tape.root(x)
-        return out
-
-    def copy_to_tp(self, x: Ref, name: str) -> Ref:
-        """Megatron's f (copy_to_tensor_model_parallel_region): identity forward, in-place
-        all_reduce of the input gradient in backward."""
-        self._collective(f"{name}.all_reduce", "all_reduce", x.nbytes)
-        kernel = Kernel("all_reduce", COLLECTIVE, bytes_read=x.nbytes, bytes_written=x.nbytes,
-                        dtype=x.dtype, grads=(Grad(0, alias=0),))
-        return self._alias(x, name, COPY, kernel)
-
-    def reduce_from_tp(self, x: Ref, name: str) -> Ref:
-        """Megatron's g (reduce_from_tensor_model_parallel_region): in-place all_reduce forward,
-        identity backward."""
-        self._collective(name, "all_reduce", x.nbytes)
-        return self._alias(x, name, COLLECTIVE, Kernel("bwd", COPY, grads=(Grad(0, alias=0),)), x.nbytes)
-
-    def _sequence_shape(self, shape: tuple[int, ...], factor: float) -> tuple[int, ...]:
-        return (shape[0], int(shape[1] * factor)) + tuple(shape[2:])
-
-    def gather_to_buffer(self, x: Ref, name: str) -> Ref:
-        """Sequence parallelism before a column-parallel linear: all_gather (b, s/t, ...) into a
-        persistent (b, s, ...) buffer (Megatron's global memory buffer, one per shape and dtype);
-        backward reduce_scatters the full gradient into a new (b, s/t, ...) one."""
-        shape = self._sequence_shape(x.shape, self.tp)
-        key = (numel(shape), x.dtype)
-        buffer = self._comm_buffers.get(key)
-        if buffer is None:
-            buffer = self.tape.storage(f"sequence_parallel.all_gather_buffer.{x.dtype}", shape, x.dtype,
-                                       COMMUNICATION_BUFFERS)
-            self._comm_buffers[key] = buffer
-        full = numel(shape) * DTYPE_BYTES[x.dtype]
-        self._collective(name, "all_gather", full)
-        self._collective(f"{name}.reduce_scatter", "reduce_scatter", full)
-        kernel = Kernel("reduce_scatter", COLLECTIVE, bytes_read=full, bytes_written=x.nbytes, dtype=x.dtype,
-                        grads=(Grad(0),))
-        (out,) = self.tape.node(name, COLLECTIVE, (x,), ((name, shape, x.dtype),), bytes_written=full,
-                                dtype=x.dtype, backward=(kernel,))
-        self.tape._storages[out.id].base = buffer.id
-        return out
-
-    def gather_sequence(self, x: Ref, name: str) -> Ref:
-        """gather_from_sequence_parallel_region: all_gather into a new (b, s, ...) tensor; backward
-        reduce_scatters the gradient into a new shard."""
-        shape = self._sequence_shape(x.shape, self.tp)
-        full = numel(shape) * DTYPE_BYTES[x.dtype]
-        self._collective(name, "all_gather", full)
-        self._collective(f"{name}.reduce_scatter", "reduce_scatter", full)
-        kernel = Kernel("reduce_scatter", COLLECTIVE, bytes_read=full, bytes_written=x.nbytes, dtype=x.dtype,
-                        grads=(Grad(0),))
-        (out,) = self.tape.node(name, COLLECTIVE, (x,), ((name, shape, x.dtype),), dtype=x.dtype,
-                                backward=(kernel,))
-        return out
-
-    def reduce_scatter_sequence(self, x: Ref, name: str) -> Ref:
-        """Sequence parallelism after a row-parallel linear: reduce_scatter (b, s, ...) partial sums
-        into a new (b, s/t, ...) tensor; backward all_gathers the gradient into a new full one."""
-        shape = self._sequence_shape(x.shape, 1 / self.tp)
-        self._collective(name, "reduce_scatter", x.nbytes)
-        self._collective(f"{name}.all_gather", "all_gather", x.nbytes)
-        kernel = Kernel("all_gather", COLLECTIVE, bytes_read=x.nbytes // self.tp, bytes_written=x.nbytes,
-                        dtype=x.dtype, grads=(Grad(0),))
-        (out,) = self.tape.node(name, COLLECTIVE, (x,), ((name, shape, x.dtype),), dtype=x.dtype,
-                                backward=(kernel,))
-        return out
-
-    def scatter_sequence(self, x: Ref, name: str) -> Ref:
-        """scatter_to_sequence_parallel_region: keep this rank's s/t slice (a contiguous copy, no
-        communication); backward all_gathers the gradient into a new full tensor."""
-        shape = self._sequence_shape(x.shape, 1 / self.tp)
-        self._collective(f"{name}.all_gather", "all_gather", x.nbytes)
-        kernel = Kernel("all_gather", COLLECTIVE, bytes_read=x.nbytes // self.tp, bytes_written=x.nbytes,
-                        dtype=x.dtype, grads=(Grad(0),))
-        (out,) = self.tape.node(name, COPY, (x,), ((name, shape, x.dtype),), bytes_read=x.nbytes // self.tp,
-                                dtype=x.dtype, backward=(kernel,))
-        return out
-
-    def vocab_parallel_embedding(self, weight: Ref, idx: Ref, name: str, reduce_scatter: bool) -> Ref:
-        """VocabParallelEmbedding on a (V/t, h) shard: mask of out-of-shard ids (bool), shifted ids
-        (int64, saved by the lookup), lookup, in-place zeroing of masked rows (saves the mask), then
-        all_reduce of the (b, s, h) output, or reduce_scatter to (b, s/t, h) with `reduce_scatter`."""
-        (mask,) = self.tape.node(f"{name}.input_mask", ELEMENTWISE, (idx,),
-                                 ((f"{name}.input_mask", idx.shape, "bool"),),
-                                 flops=2 * numel(idx.shape), dtype="int64", requires_grad=False)
-        (shifted,) = self.tape.node(f"{name}.masked_input", ELEMENTWISE, (idx, mask),
-                                    ((f"{name}.masked_input", idx.shape, idx.dtype),),
-                                    flops=2 * numel(idx.shape), dtype=idx.dtype, requires_grad=False)
-        out = self.embedding(weight, shifted, name)
-        zero = Kernel("bwd", ELEMENTWISE, flops=numel(out.shape), bytes_read=out.nbytes + mask.nbytes,
-                      bytes_written=out.nbytes, dtype=out.dtype, grads=(Grad(0),))
-        (zeroed,) = self.tape.node(f"{name}.mask_output", ELEMENTWISE, (out, mask), ((f"{name}.mask_output",
-                                   out.shape, out.dtype),), saves=(mask,), flops=numel(out.shape),
-                                   bytes_read=out.nbytes + mask.nbytes, bytes_written=out.nbytes, dtype=out.dtype,
-                                   backward=(zero,))
-        self.tape._storages[zeroed.id].base = self.tape.root(out)
-        if reduce_scatter:
-            return self.reduce_scatter_sequence(zeroed, f"{name}.reduce_scatter")
-        return self.reduce_from_tp(zeroed, f"{name}.all_reduce")
-
-    def vocab_parallel_cross_entropy(self, logits: Ref, targets: Ref, name: str) -> Ref:
-        """Megatron's _VocabParallelCrossEntropy on (rows, V/t) logits, then the mean over tokens.
-
-        Forward: an fp32 copy of the logits (the logits themselves when already fp32: the function
-        works in place), the per-token max (all_reduce MAX), the target mask and shifted targets,
-        the predicted logit and the sum of exp (two all_reduce SUM); exp and division in place turn
-        the copy into the softmax. Saved: the softmax (rows, V/t) fp32, the target mask (bool) and
-        the shifted targets (int64). Backward writes the input gradient into the saved softmax;
-        autograd then casts it to the logits' dtype (a new buffer; with fp32 logits memsim also
-        counts a new buffer where Megatron reuses the softmax: an over-count of rows x V/t x 4
-        bytes during that one kernel).
-        """
-        rows = numel(targets.shape)
-        scalars = rows * DTYPE_BYTES["fp32"]
-        (logits_max,) = self.tape.node(f"{name}.logits_max", SOFTMAX, (logits,),
-                                       ((f"{name}.logits_max", (rows,), "fp32"),),
-                                       flops=numel(logits.shape), dtype="fp32", requires_grad=False)
-        self.tape.node(f"{name}.max_all_reduce", COLLECTIVE, (logits_max,), (), bytes_written=scalars,
-                       dtype="fp32", requires_grad=False)
-        self._collective(f"{name}.max_all_reduce", "all_reduce", scalars)
-        in_place = logits.dtype == "fp32"
-        n = numel(logits.shape)
-        kernel = Kernel("bwd", SOFTMAX, flops=3 * n, bytes_read=n * 4 + targets.nbytes,
-                        bytes_written=logits.nbytes, dtype="fp32", grads=(Grad(0),))
-        softmax, _mask, _shifted, predicted, sum_exp, losses = self.tape.node(
-            name, SOFTMAX, (logits, targets, logits_max),
-            ((f"{name}.softmax", logits.shape, "fp32"), (f"{name}.target_mask", (rows,), "bool"),
-             (f"{name}.masked_target", (rows,), "int64"), (f"{name}.predicted_logits", (rows,), "fp32"),
-             (f"{name}.sum_exp_logits", (rows,), "fp32"), (f"{name}.losses", (rows,), "fp32")),
-            saves=(0, 1, 2), flops=6 * n, dtype="fp32", backward=(kernel,))
-        if in_place:
-            self.tape._storages[softmax.id].base = self.tape.root(logits)
-        for part, ref in (("predicted", predicted), ("sum_exp", sum_exp)):
-            self.tape.node(f"{name}.{part}_all_reduce", COLLECTIVE, (ref,), (), bytes_written=scalars,
-                           dtype="fp32", requires_grad=False)
-            self._collective(f"{name}.{part}_all_reduce", "all_reduce", scalars)
-        return self.reduce_mean(losses, (), f"{name}.mean")
+                        bytes_written=io, dtype=dt, grads=(Grad(0), Grad(1), Grad(2)), workspace=workspace)
+        outputs = ((name, out_shape, dt), (f"{name}.logsumexp", lse_shape, "fp32"))
+        if gpu:
+            outputs += ((f"{name}.philox_seed", (), "int64"), (f"{name}.philox_offset", (), "int64"))
+        refs = self.tape.node(name, ATTENTION, (q, k, v), outputs, saves=(q, k, v, *range(len(outputs))),
+                              flops=flops, dtype=dt, bytes_written=out_bytes, backward=(kernel,))
+        return refs[0]

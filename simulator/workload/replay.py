@@ -201,8 +201,10 @@ class Replay:
     def _receive_grad(self, target: Ref, grad_id: int, frees: list[int], trail: "_Trail") -> None:
         """A gradient arrived for `target`: buffer it, accumulate it, or hand it to `.grad`.
 
-        Measured on torch 2.13: autograd's InputBuffer adds a second gradient out of place
-        (`old + new`, a new buffer; both inputs released). A parameter's buffer is handed to
+        Measured on CPU (torch 2.13): autograd's InputBuffer adds a second gradient out of place
+        (`old + new`, a new buffer; both inputs released); on CUDA (torch 2.11, H200) it adds in place
+        into a buffer it holds the only reference to (InputBuffer::accumulate's `old.add_(new)`, or
+        `new.add_(old)`), allocating nothing. A parameter's buffer is handed to
         AccumulateGrad once its last gradient arrived: stolen as `.grad`, or added in place into
         an existing `.grad` (gradient accumulation) and released.
         """
@@ -238,8 +240,15 @@ class Replay:
             self.policy.became_grad(target, self.tensors[buffered])
 
     def _accumulate(self, old: int, new: int, trail: "_Trail") -> int:
-        """Out-of-place `old + new` into a new gradient buffer; both inputs are released."""
+        """`old + new`: in place into a solely held buffer where the device does so, else into a new buffer;
+        the inputs not kept are released."""
         source = self.tensors[old]
+        if self.tape.inplace_grad_accumulation:
+            for keep, drop in ((old, new), (new, old)):
+                if self.grad_refs.get(keep) == 1 and keep in self.live:
+                    self._dec(drop, trail.frees)
+                    trail.bytes += 3 * source.nbytes
+                    return keep
         tid = self._new_id()
         self._tensor(tid, source.name, source.shape, source.dtype, OTHER)
         self.live.add(tid)

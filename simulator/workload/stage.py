@@ -7,7 +7,14 @@ its backward is seeded by the gradient received from the next stage (`Microbatch
 tensor of the stage output's shape allocated by the Recv). What a stage saves for backward is exactly
 what the whole-model builder saves for those layers (workload/training.py conventions).
 
-Data parallelism is not applied here: gradient synchronization of a stage is added by the lowering.
+With `recipe.dp` > 1 the stage synchronizes its own gradients as Megatron-LM's DDP does with pp > 1
+(`overlap_grad_reduce`): the same buckets as with pp = 1 (data_parallel.prepare_sync over the stage's
+parameters) are reduced during the backward of the stage's LAST micro-batch (`sync_microbatch`; the
+earlier ones only accumulate), each as soon as its last gradient lands; ZeRO-1 (and Megatron's
+distributed optimizer) shards the optimizer states of the stage's parameters and all_gathers the
+updated parameters after the step. ZeRO-2/3 are refused with pp > 1 (DeepSpeed's PipelineEngine
+refuses them too). A tied embedding's gradient all_reduce between the first and last stage is added by
+the lowering (`meta["tied_embedding_grad_bytes"]`).
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from simulator.errors import PlanError
-from simulator.workload.data_parallel import LandingPolicy
-from simulator.workload.graph import ACTIVATIONS, GRADIENTS, OTHER, Op, Tensor
+from simulator.workload.data_parallel import (
+    DataParallelSetup, LandingPolicy, ParamInfo, prepare_sync, reduce_gradients, sharded_step,
+)
+from simulator.workload.graph import ACTIVATIONS, DTYPE_BYTES, GRADIENTS, OTHER, Op, Tensor
 from simulator.workload.optimizers import IdSource
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
-from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, dtypes_for, model_states
+from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, dtypes_for, model_states, workspace_first_use
 from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
 
 SEED_OP = "loss.backward_seed"
@@ -57,6 +66,9 @@ class MicrobatchStage:
     grad_output: int | None
     output_bytes: int
     input_grad_bytes: int
+    # The micro-batch whose ops these are with tensor ids moved by a constant (-1: recorded, or changed
+    # after copying); the lowering times a copy's ops by its original's (the durations are identical).
+    copy_of: int = field(default=-1, compare=False)
 
 
 @dataclass
@@ -73,6 +85,8 @@ class StageWorkload:
     output_shape: tuple[int, ...] = ()
     output_dtype: str = ""
     meta: dict[str, object] = field(default_factory=dict)
+    # The cuBLAS workspaces, allocated at the rank's first forward / backward GEMM (as IterationWorkload's).
+    first_use: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,27 +97,34 @@ class _Template:
     tensors: dict[int, Tensor]
     base: int
     span: int
+    index: int
 
     def copy(self, index: int, base: int, into: dict[int, Tensor]) -> MicrobatchStage:
-        """Micro-batch `index` with its block at `base`; adds its tensors to `into`."""
+        """Micro-batch `index` with its block at `base`; adds its tensors to `into`.
+
+        Ops and tensors are built with positional constructors (dataclasses.replace costs ~2x more, and a
+        stage at global batch 1,536 copies ~80 k ops).
+        """
         shift = base - self.base
         low = self.base
 
         def ids(values: tuple[int, ...]) -> tuple[int, ...]:
-            return tuple(v + shift if v >= low else v for v in values)
+            return tuple([v + shift if v >= low else v for v in values]) if values else values
 
         def op(o: Op) -> Op:
-            return replace(o, inputs=ids(o.inputs), outputs=ids(o.outputs), allocs=ids(o.allocs),
-                           frees=ids(o.frees), microbatch=index)
+            return Op(o.name, o.op_class, o.phase, o.flops, o.bytes_read, o.bytes_written, o.dtype, o.gemm_mnk,
+                      o.gemm_batch, ids(o.inputs), ids(o.outputs), ids(o.allocs), ids(o.frees), o.layer, index,
+                      o.collective, o.group, o.comm_bytes)
 
         for tid, t in self.tensors.items():
-            into[tid + shift] = replace(t, id=tid + shift)
+            into[tid + shift] = Tensor(tid + shift, t.name, t.nbytes, t.category, t.dtype, t.shape, t.persistent)
         mb = self.microbatch
         return MicrobatchStage(
-            forward=tuple(op(o) for o in mb.forward), backward=tuple(op(o) for o in mb.backward),
+            forward=tuple([op(o) for o in mb.forward]), backward=tuple([op(o) for o in mb.backward]),
             inputs=ids(mb.inputs), stage_input=None if mb.stage_input is None else ids((mb.stage_input,))[0],
             grad_output=None if mb.grad_output is None else ids((mb.grad_output,))[0],
-            output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes)
+            output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes,
+            copy_of=mb.copy_of if mb.copy_of >= 0 else self.index)
 
 
 def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], int]:
@@ -115,13 +136,23 @@ def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ..
     raise PlanError(f"stage workload: no {SEED_OP!r} op in the replay (an empty stage?)")
 
 
+@dataclass(frozen=True)
+class _Landings:
+    """Where each parameter's gradient lands in one micro-batch's backward op list (data_parallel._sync)."""
+
+    landing: dict[int, int]
+    order: list[int]
+    grad_id: dict[int, int]
+
+
 def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: StageSpec, microbatches: int,
                 first_backward: int = 0, stage_input: tuple[tuple[int, ...], str] | None = None,
-                replay_all: bool = False) -> StageWorkload:
+                replay_all: bool = False, sync_microbatch: int | None = None) -> StageWorkload:
     """Build one pipeline stage's ops for `microbatches` micro-batches.
 
     Args:
-        shape, recipe, profile: as for `training.build_iteration` (recipe.dp is ignored here).
+        shape, recipe, profile: as for `training.build_iteration`; with recipe.dp > 1 the stage's
+            gradients are bucketed and reduced over the data-parallel group (module docstring).
         spec: the layers of the stage and whether it is first and/or last.
         microbatches: micro-batches per iteration (each gets its own tensor ids).
         first_backward: the micro-batch whose backward runs first (its gradients become `.grad`;
@@ -131,17 +162,27 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         replay_all: record every micro-batch on its own tape. By default only the micro-batches up to
             the first one after `first_backward` (and after 0) are recorded; the later ones are that
             one's copy with its tensor ids moved to their own block (the same ops, allocs and frees).
+        sync_microbatch: the micro-batch whose backward runs last on this stage (it reduces the
+            gradients when recipe.dp > 1); default the last one.
 
     Returns:
         The StageWorkload.
 
     Raises:
-        PlanError: an empty layer range, a missing stage_input or a bad micro-batch count.
+        PlanError: an empty layer range, a missing stage_input, a bad micro-batch count or ZeRO-2/3.
     """
     if not isinstance(microbatches, int) or microbatches < 1:
         raise PlanError(f"microbatches = {microbatches!r} must be a positive integer")
     if not 0 <= first_backward < microbatches:
         raise PlanError(f"first_backward = {first_backward!r} must be in 0..{microbatches - 1}")
+    sync_microbatch = microbatches - 1 if sync_microbatch is None else sync_microbatch
+    if isinstance(sync_microbatch, bool) or not isinstance(sync_microbatch, int) \
+            or not 0 <= sync_microbatch < microbatches:
+        raise PlanError(f"sync_microbatch = {sync_microbatch!r} must be in 0..{microbatches - 1}")
+    if recipe.dp > 1 and recipe.zero_stage > 1:
+        raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO-2/3 shard gradients or parameters, which "
+                        f"pipeline parallelism does not support (DeepSpeed's PipelineEngine refuses them too); "
+                        f"allowed with parallel.pp > 1: 0, 1")
     if not spec.first and stage_input is None:
         raise PlanError(f"stage layers {spec.start}..{spec.stop}: a stage that is not first needs stage_input")
     dts = dtypes_for(recipe.precision, recipe.framework)
@@ -161,11 +202,13 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
     output_shape: tuple[int, ...] = ()
     output_dtype = ""
     template: _Template | None = None     # a replayed micro-batch the later ones are copies of
+    landings: list[_Landings] = []        # per micro-batch, gradient landings in its backward ops
     next_id = 0
     for j in range(microbatches):
         if template is not None:
             # Identical up to tensor ids (its own block moves by a constant) and the micro-batch index.
             results.append(template.copy(j, next_id, tensors))
+            landings.append(landings[-1])     # the template's: a copy runs the same ops in the same order
             next_id += template.span
             continue
         if j > 0:
@@ -209,6 +252,9 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             tensors[received.id] = Tensor(received.id, "stage_input", received.nbytes, ACTIVATIONS,
                                           received.dtype, received.shape)
         forward, backward, seed = _split(replayed, keep_seed=spec.last)
+        offset = len(forward) + (0 if spec.last else 1)
+        landings.append(_Landings({pid: max(0, k - offset) for pid, k in policy.landing.items()},
+                                  list(policy.order), dict(policy.grad_id)))
         results.append(MicrobatchStage(
             forward=forward, backward=backward, inputs=tuple(ref.id for ref in declared),
             stage_input=None if received is None else received.id,
@@ -218,7 +264,7 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         end = max(max(tensors) + 1, tape.next_tensor_id)
         if j > 0 and j > first_backward and replay_all is False:
             block = {tid: t for tid, t in tensors.items() if tid >= next_id}
-            template = _Template(results[-1], block, next_id, end - next_id)
+            template = _Template(results[-1], block, next_id, end - next_id, j)
         next_id = end
     ids = IdSource(max(max(tensors) + 1, tape.next_tensor_id, next_id))
     first_tape_storages = tape._storages
@@ -234,8 +280,48 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
     for gid in grads:
         t = tensors[gid]
         tensors[gid] = Tensor(t.id, t.name, t.nbytes, GRADIENTS, t.dtype, t.shape)
-    return StageWorkload(
+    meta: dict[str, object] = {"dtypes": dts, "tp": recipe.tp, "layers": (spec.start, spec.stop)}
+    if shape.tied and spec.first != spec.last and shape.architecture != "vit":
+        # Megatron: the first stage's word embedding and the last stage's copy of it (the head) have
+        # their gradients summed over the embedding group before the step (V/tp x h elements).
+        meta["tied_embedding_grad_bytes"] = builder.vocab_rank * shape.hidden * DTYPE_BYTES[dts.grad]
+    workload = StageWorkload(
         tensors=tensors, persistent=tuple(persistent), optimizer_state_ids=tuple(t.id for t in state_tensors),
         microbatches=tuple(results), optimizer=opt_ops, gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs), output_shape=output_shape,
-        output_dtype=output_dtype, meta={"dtypes": dts, "tp": recipe.tp, "layers": (spec.start, spec.stop)})
+        output_dtype=output_dtype, meta=meta,
+        first_use=workspace_first_use(list(results[0].forward + results[0].backward), states.workspaces, tensors))
+    if recipe.dp == 1:
+        return workload
+    infos = [ParamInfo(ref.id, name, numel(ref.shape), dts.grad,
+                       states.grad_buffers[k] if states.grad_buffers else None)
+             for k, (ref, name) in enumerate(zip(params.refs, params.names))]
+    return _data_parallel(workload, recipe, profile, infos, landings, first_backward, sync_microbatch, ids)
+
+
+def _data_parallel(workload: StageWorkload, recipe: Recipe, profile: KernelProfile, params: list[ParamInfo],
+                   landings: list[_Landings], first_backward: int, sync_microbatch: int,
+                   ids: IdSource) -> StageWorkload:
+    """The stage with its gradient buckets reduced during `sync_microbatch`'s backward (and ZeRO-1)."""
+    dts = workload.meta["dtypes"]
+    setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
+                              len(workload.microbatches), recipe.optimizer, recipe.optimizer_implementation,
+                              profile.device_kind == "cpu", dts.param, dts.master)
+    tensors = dict(workload.tensors)
+    sync = prepare_sync(setup, params, tensors, ids)
+    mb = workload.microbatches[sync_microbatch]
+    backward = reduce_gradients(list(mb.backward), landings[sync_microbatch], setup, sync,
+                                landings[first_backward].grad_id, allocate_shard=True)
+    microbatches = list(workload.microbatches)
+    microbatches[sync_microbatch] = replace(mb, backward=tuple(backward), copy_of=-1)
+    state_ids, optimizer = workload.optimizer_state_ids, workload.optimizer
+    if recipe.zero_stage == 1:
+        state_list, optimizer = sharded_step(workload, setup, sync.shard_numel, sync.total_numel, tensors, ids, None)
+        state_ids = tuple(state_list)
+    meta = dict(workload.meta)
+    meta.update({"dp": recipe.dp, "zero_stage": recipe.zero_stage,
+                 "dp_buckets": tuple(b.nbytes for b in sync.plan.buckets), "dp_shard_numel": sync.shard_numel,
+                 "dp_sync_microbatch": sync_microbatch})
+    return replace(workload, tensors=tensors, persistent=workload.persistent + sync.plan.bucket_buffers,
+                   optimizer_state_ids=state_ids, microbatches=tuple(microbatches), optimizer=optimizer,
+                   meta=meta)

@@ -123,6 +123,9 @@ class Tape:
         self.microbatch = microbatch
         self.compress_saved = compress_saved
         self.rng_state_bytes = rng_state_bytes
+        # Whether autograd adds a second incoming gradient in place into a buffer only it holds (set by Ops
+        # from the device: measured in place on CUDA, torch 2.11; out of place on CPU, torch 2.13).
+        self.inplace_grad_accumulation = False
         self._next_id = first_tensor_id
         self._nodes: list[_Node] = []
         self._storages: dict[int, _Storage] = {}

@@ -16,7 +16,7 @@ from simulator.errors import PlanError
 from simulator.workload.data_parallel import (
     DataParallelSetup, LandingPolicy, MicrobatchOps, ParamInfo, apply_data_parallel,
 )
-from simulator.workload.graph import DTYPE_BYTES, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
+from simulator.workload.graph import DTYPE_BYTES, FORWARD, GEMM, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
 from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
@@ -87,6 +87,9 @@ class IterationWorkload:
     # With data parallelism and gradient accumulation, the last micro-batch synchronizes gradients
     # and the others do not (DDP no_sync): its ops; empty when it runs `later_microbatch` unchanged.
     last_microbatch: list[Op] = field(default_factory=list)
+    # Persistent tensors allocated lazily, right before the first run of the op of that name (the cuBLAS
+    # workspaces at the first forward and the first backward GEMM): (op name, tensor ids).
+    first_use: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
@@ -137,24 +140,44 @@ def _check_data_parallel(recipe: Recipe) -> None:
 class ModelStates:
     """What a rank keeps besides its parameters: workspaces, gradient buffers, optimizer states."""
 
-    persistent: list[int]            # cuBLAS workspace, persistent gradient buffers, loss-scaler state
+    persistent: list[int]            # persistent gradient buffers, loss-scaler state
+    workspaces: list[int]            # cuBLAS(Lt) workspaces: forward handle's (cuBLAS, Lt), autograd thread's
     grad_buffers: list[int]          # megatron main_grad buffers (empty otherwise), parameter order
     master: list[MasterParam]        # what the optimizer updates, parameter order
     state_tensors: list[Tensor]      # created at the first optimizer step
     optimizer_ops: list[Op]
 
 
+def workspace_first_use(ops: list[Op], workspaces: list[int], tensors: dict[int, Tensor]
+                        ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """When the cuBLAS workspaces are allocated: the forward handle's before the first forward GEMM, the
+    autograd thread's before the first GEMM of the backward pass (a recomputed forward GEMM included)."""
+    forward = [t for t in workspaces if not tensors[t].name.endswith(".backward")]
+    backward = [t for t in workspaces if tensors[t].name.endswith(".backward")]
+    first_use: list[tuple[str, tuple[int, ...]]] = []
+    for wanted, group in ((True, forward), (False, backward)):
+        op = next((o for o in ops if o.op_class == GEMM and (o.phase == FORWARD) == wanted), None)
+        if group and op is not None:
+            first_use.append((op.name, tuple(group)))
+    return tuple(first_use)
+
+
 def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, ids: IdSource,
                  tensors: dict[int, Tensor]) -> ModelStates:
     """Declare a rank's persistent non-parameter tensors and its optimizer step (registers tensors)."""
     persistent: list[int] = []
-    if profile.library_workspace_bytes:
-        # torch allocates the cuBLAS workspace through the caching allocator at the first matmul
-        # and keeps it: it counts in memory_allocated() for the whole run.
-        workspace = Tensor(ids(), "cublas_workspace", profile.library_workspace_bytes, OTHER, "uint8",
-                           (profile.library_workspace_bytes,), persistent=True)
-        tensors[workspace.id] = workspace
-        persistent.append(workspace.id)
+    # torch allocates each cuBLAS handle's workspace through the caching allocator at its first matmul and
+    # keeps it: it counts in memory_allocated() for the whole run. The forward thread's handle takes a cuBLAS
+    # and a cuBLASLt workspace (two requests), the autograd thread's handle a cuBLAS one.
+    cublas = min(profile.backward_workspace_bytes, profile.library_workspace_bytes)
+    workspaces: list[int] = []
+    for name, nbytes in (("cublas_workspace", cublas or profile.library_workspace_bytes),
+                         ("cublaslt_workspace", profile.library_workspace_bytes - cublas if cublas else 0),
+                         ("cublas_workspace.backward", profile.backward_workspace_bytes)):
+        if nbytes:
+            workspace = Tensor(ids(), name, nbytes, OTHER, "uint8", (nbytes,), persistent=True)
+            tensors[workspace.id] = workspace
+            workspaces.append(workspace.id)
     grad_buffers: list[int] = []
     if dts.persistent_grad_buffer:
         for ref, name in zip(params.refs, params.names):
@@ -178,7 +201,7 @@ def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, id
         scaler, unscale = _grad_scaler(ids, tensors, master)
         persistent += scaler
         opt_ops = [unscale] + opt_ops
-    return ModelStates(persistent, grad_buffers, master, state_tensors, opt_ops)
+    return ModelStates(persistent, workspaces, grad_buffers, master, state_tensors, opt_ops)
 
 
 def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
@@ -246,6 +269,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     persistent += states.persistent
     grad_buffers = states.grad_buffers
     state_tensors, opt_ops = states.state_tensors, states.optimizer_ops
+    first_use = workspace_first_use(first_ops, states.workspaces, tensors)
     # Gradients stolen into .grad are per-iteration tensors of category "gradients".
     for gid in grads:
         t = tensors[gid]
@@ -261,6 +285,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs),
         meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp},
+        first_use=first_use,
     )
     if recipe.dp == 1:
         return workload

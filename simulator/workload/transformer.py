@@ -414,15 +414,22 @@ class TransformerBuilder:
         return out
 
     def _rope(self, x: Ref, name: str) -> Ref:
-        """x * cos + rotate_half(x) * sin (HF apply_rotary_pos_emb with cached tables)."""
+        """x * cos + rotate_half(x) * sin (HF apply_rotary_pos_emb with cached tables).
+
+        The tables have the build dtype: under bf16-mixed a bf16 x times fp32 tables promotes, so both products
+        and the sum are fp32 (neg and cat stay bf16) and repeat_kv, SDPA and matmul see fp32 q and k.
+        """
         ops, tape = self.ops, self.tape
         b, heads, s, hd = x.shape
         cos = tape.view(self.rope_cos, (s, hd), f"{name}.cos")
         sin = tape.view(self.rope_sin, (s, hd), f"{name}.sin")
         xc = ops.mul(x, cos, f"{name}.mul_cos")
-        half = tape.views(x, ((b, heads, s, hd // 2), (b, heads, s, hd // 2)), f"{name}.halves", cat_grad=True)
-        neg = ops.neg(half[1], f"{name}.neg")
-        rotated = ops.cat((neg, half[0]), x.shape, f"{name}.cat")
+        # rotate_half: cat(-x[..., h/2:], x[..., :h/2]); each slice's backward (slice_backward) allocates a full-size
+        # gradient of x, and the two are accumulated.
+        upper = tape.view(x, (b, heads, s, hd // 2), f"{name}.slice_upper", grad_copies=True)
+        neg = ops.neg(upper, f"{name}.neg")
+        lower = tape.view(x, (b, heads, s, hd // 2), f"{name}.slice_lower", grad_copies=True)
+        rotated = ops.cat((neg, lower), x.shape, f"{name}.cat")
         rs = ops.mul(rotated, sin, f"{name}.mul_sin")
         out = ops.add(xc, rs, f"{name}.add")
         tape.hold(x)                       # apply_rope's argument lives until it returns
@@ -444,6 +451,10 @@ class TransformerBuilder:
         if selective:
             tape.begin_checkpoint((q, k, v))
         flash = m.attention == "flash" and (m.dropout == 0.0 or ops.profile.flash_with_dropout)
+        if m.attention == "flash":
+            # SDPA is a lower-precision autocast op: q, k, v of another float dtype (LLaMA's fp32 RoPE outputs
+            # under bf16-mixed) are cast first; the casts are what the kernel saves.
+            q, k, v = (ops.autocast_operand(t, f"{pre}.{n}") for t, n in ((q, "q"), (k, "k"), (v, "v")))
         if flash:
             b, nh, s, hd = q.shape
             flops = 4.0 * b * nh * s * s * hd / 2   # causal: half the score matrix
@@ -463,9 +474,16 @@ class TransformerBuilder:
     def _eager_core(self, q: Ref, k: Ref, v: Ref, pre: str) -> Ref:
         m, ops = self.m, self.ops
         b, nh, s, hd = q.shape
-        qc = ops.contiguous(q, f"{pre}.q_contiguous")
-        kc = ops.contiguous(k, f"{pre}.k_contiguous")
+        # q @ k^T and probs @ v: autocast casts both operands (copies keeping their layout), then matmul copies
+        # each one that cannot be viewed as (b*nh, rows, cols): q always (a head-transposed view, or LLaMA's RoPE
+        # output, which keeps that layout); k and v unless repeat_kv already made them contiguous copies.
+        repeated = m.architecture == "llama" and m.heads // m.kv_heads > 1
+        qa = ops.autocast_operand(q, f"{pre}.q")
+        ka = ops.autocast_operand(k, f"{pre}.k")
+        qc = ops.contiguous(qa, f"{pre}.q_contiguous")
+        kc = ka if repeated else ops.contiguous(ka, f"{pre}.k_contiguous")
         scores = ops.bmm(qc, kc, (b, nh, s, s), b * nh, s, s, hd, f"{pre}.scores")
+        self.tape.hold(qa, ka)             # the autocast copies live until matmul returns
         scores = ops.div_by_scalar_tensor(scores, f"{pre}.scale")
         scores = ops.masked_fill(scores, (1, 1, s, s), f"{pre}.mask")
         masked = scores
@@ -475,9 +493,11 @@ class TransformerBuilder:
         else:
             probs = ops.softmax(scores, f"{pre}.softmax")
         probs = ops.dropout(probs, m.dropout, f"{pre}.attn_dropout")
-        vc = ops.contiguous(v, f"{pre}.v_contiguous")
-        out = ops.bmm(probs, vc, (b, nh, s, hd), b * nh, s, hd, s, f"{pre}.context")
-        self.tape.hold(masked, probs)      # locals `scores` and `probs` live until the core returns
+        pa = ops.autocast_operand(probs, f"{pre}.probs")
+        va = ops.autocast_operand(v, f"{pre}.v")
+        vc = va if repeated else ops.contiguous(va, f"{pre}.v_contiguous")
+        out = ops.bmm(pa, vc, (b, nh, s, hd), b * nh, s, hd, s, f"{pre}.context")
+        self.tape.hold(masked, probs, va)  # locals `scores` and `probs` live until the core returns
         return out
 
     def _math_sdpa_core(self, q: Ref, k: Ref, v: Ref, pre: str) -> Ref:

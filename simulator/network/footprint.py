@@ -1,0 +1,78 @@
+"""Which network operations can interact: the links a lowered collective loads and their connected components.
+
+Under max-min fair sharing a flow's rate depends only on the flows it is connected to through shared
+resources, so operations whose footprints (the resources of every flow of every phase) fall into different
+components of the union of all footprints never change each other's timing. `interference_components` groups
+operations by those components (union-find over resource ids); the engine uses it to drop symmetry shadows
+that cannot reach a simulated rank's traffic and to time link-isolated collectives without flows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+from simulator.network.collectives import CollectiveSchedule, simulate_schedule
+from simulator.network.flows import RoutingModel
+
+
+def footprint(topology: RoutingModel, schedule: CollectiveSchedule) -> tuple[int, ...]:
+    """Sorted resource ids any flow of `schedule` loads (a flow's private rate cap is not a shared resource).
+
+    Args:
+        topology: the routing model the flows run on.
+        schedule: the lowered collective or transfer.
+
+    Returns:
+        The resource ids; empty when the schedule moves no bytes over any link.
+    """
+    found: dict[int, None] = {}
+    for phase in schedule.phases:
+        for flow in phase.flows:
+            if flow.size_bytes == 0:
+                continue
+            for resource, _ in topology.route(flow.src, flow.dst).resources:
+                found[resource] = None
+    return tuple(sorted(found))
+
+
+def interference_components(footprints: Mapping[Hashable, tuple[int, ...]]) -> dict[Hashable, int]:
+    """Component id of every operation: operations share a component when a chain of shared resources joins them.
+
+    Args:
+        footprints: operation key -> resource ids it loads (footprint()).
+
+    Returns:
+        operation key -> component id (the smallest resource id of the component); -1 for an empty footprint.
+        Deterministic: ids depend only on the resources, not on the order of the mapping.
+    """
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for resources in footprints.values():
+        for resource in resources:
+            parent.setdefault(resource, resource)
+        for resource in resources[1:]:
+            a, b = find(resources[0]), find(resource)
+            if a != b:
+                parent[max(a, b)] = min(a, b)     # the smallest id is the root
+    return {key: find(resources[0]) if resources else -1 for key, resources in footprints.items()}
+
+
+def isolated_duration_s(topology: RoutingModel, schedule: CollectiveSchedule) -> float:
+    """Seconds `schedule` takes alone on the network: each phase's latency, then its flows until delivered.
+
+    Args:
+        topology: the routing model.
+        schedule: the lowered collective.
+
+    Returns:
+        The duration, as a FlowNetwork simulation of the schedule alone gives it (0.0 without phases).
+    """
+    return simulate_schedule(topology, schedule) if schedule.phases else 0.0
