@@ -62,6 +62,7 @@ def run_case(dp: int, global_batch: int, timeout_s: float) -> dict:
         wall_s = time.perf_counter() - start
     cpu_s = _children_cpu_s() - cpu_before
     row = {"dp": dp, "gpus": world, "global_batch": global_batch, "wall_s": wall_s, "cpu_s": cpu_s,
+           "max_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
            "timed_out": False, "returncode": done.returncode}
     if done.returncode == 0:
         report = json.loads(done.stdout)
@@ -89,7 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     rows = [run_case(int(dp), args.global_batch, args.timeout_s) for dp in args.dp.split(",")]
     for row in rows:
-        wall = "timeout" if row["timed_out"] else f"{row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s CPU"
+        wall = "timeout" if row["timed_out"] else \
+            f"{row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s CPU, largest RSS so far {row['max_rss_mib']:.0f} MiB"
         print(f"dp {row['dp']:>4}  {row['gpus']:>6} GPUs  global batch {row['global_batch']:>5}  {wall}",
               file=sys.stderr)
     json.dump(rows, sys.stdout, indent=2)

@@ -242,9 +242,8 @@ def test_reduced_and_full_simulation_agree_with_dp_and_pp(case, framework, zero,
     assert _comparable(reduced) == _comparable(full)
 
 
-@pytest.mark.xfail(strict=True, reason="network_model._shadows has no shadow for a first/last-stage embedding "
-                                      "group when pp > 2: other dp copies' tied all_reduce does not load shared links")
 def test_reduced_equals_full_with_tied_embeddings_over_four_stages_on_shared_links():
+    """The other dp copies' first/last-stage embedding all_reduce loads the shared links in a reduced run."""
     doc = _doc("pcie-8xa100", tp=1, pp=4, dp=2)
     reduced = simulate(scenario_from_dict(doc)).report
     doc["run"]["full"] = True

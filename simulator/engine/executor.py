@@ -36,6 +36,7 @@ class EngineOptions:
     shadow_traffic: bool = True     # with a plan: unsimulated ranks' traffic loads the links (symmetry)
     isolated_collectives: bool = True   # time link-isolated collectives alone, without flows (exact to rounding)
     run_ahead: bool = True          # run compute ops nothing can interleave with without yielding (exact)
+    inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,53 @@ class _RankState:
         self.comm_intervals: list[tuple[float, float]] = []
         self.exposed_intervals: list[tuple[float, float]] = []
         self.waiters: dict[str, int] = {}            # event -> WaitFor instructions on it (all streams)
-        for instructions in program.streams.values():
-            for instruction in instructions:
+        waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
+        for name, instructions in program.streams.items():
+            for index, instruction in enumerate(instructions):
                 if type(instruction) is WaitFor:
                     self.waiters[instruction.event] = self.waiters.get(instruction.event, 0) + 1
+                    waiting[instruction.event] = (name, index)
+        self.wait_stream = {event: where[0] for event, where in waiting.items() if self.waiters[event] == 1}
+        # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
+        # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
+        self.inline_plans: dict[str, tuple[str, int]] = {}
+        self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
+        self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
+        if options.inline_collectives:
+            self._plan_inline(waiting)
+
+    def _plan_inline(self, waiting: dict[str, tuple[str, int]]) -> None:
+        streams = self.program.streams
+        compute = streams.get(COMPUTE_STREAM, ())
+        signallers: dict[str, set[str]] = {}
+        for name, instructions in streams.items():
+            for instruction in instructions:
+                if type(instruction) is Signal:
+                    signallers.setdefault(instruction.event, set()).add(name)
+        for i in range(len(compute) - 1):
+            signal, wait = compute[i], compute[i + 1]
+            if type(signal) is not Signal or type(wait) is not WaitFor or self.waiters.get(wait.event) != 1:
+                continue
+            where = waiting.get(signal.event)
+            if where is None or where[0] == COMPUTE_STREAM or self.waiters[signal.event] != 1:
+                continue
+            name, k = where
+            other = streams[name]
+            if not (k + 2 < len(other) and type(other[k + 1]) is Collective and type(other[k + 2]) is Signal
+                    and other[k + 2].event == wait.event):
+                continue
+            # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
+            # so parking it until then changes nothing.
+            after = other[k + 3] if k + 3 < len(other) else None
+            if after is None or (type(after) is WaitFor and self.waiters.get(after.event) == 1
+                                 and signallers.get(after.event) == {COMPUTE_STREAM}):
+                self.inline_plans[signal.event] = (name, k)
+
+    def release(self, stream: str, time_s: float) -> None:
+        """Wake a parked stream at `time_s`; it goes on from its cursor."""
+        event = self.event(self.parked.pop(stream))
+        if not event.triggered:
+            self.env.trigger_at(event, time_s)
 
     def event(self, name: str) -> simpy.Event:
         if name not in self.events:
@@ -202,6 +246,10 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
 
 def _blocked(state: _RankState, stream: str) -> BlockedInstruction:
     index, instruction, why = state.blocked[stream]
+    cursor = state.cursor.get(stream)
+    if cursor is not None and cursor < len(state.program.streams[stream]):
+        # parked after inlined collectives: it really waits at its cursor
+        index, instruction, why = cursor, state.program.streams[stream][cursor], None
     if isinstance(instruction, WaitFor):
         text, reason = f"WaitFor({instruction.event!r})", f"waiting for {instruction.event}"
     else:
@@ -230,7 +278,12 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
     now = env.now
     own = options.run_ahead    # the last resume woke this stream alone: nothing else runs before peek()
     ahead = options.run_ahead
-    for index, instruction in enumerate(instructions):
+    inline_plans = state.inline_plans if stream == COMPUTE_STREAM else {}
+    count = len(instructions)
+    index = 0
+    while index < count:
+        instruction = instructions[index]
+        index += 1
         if state.failed:
             return
         kind = type(instruction)
@@ -255,6 +308,22 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
         elif kind is Free:
             memory.free(instruction.tensors, now, instruction.reason)
         elif kind is Signal:
+            plan = inline_plans.get(instruction.event)
+            if plan is not None and own and now < peek():
+                start = now
+                end = _inline(state, world, plan, instruction.event, now)
+                if end is not None:
+                    index += 1            # the WaitFor(done) that follows: done at `end`
+                    if end > now:
+                        now = end
+                        if not own or now >= peek():
+                            yield env.at(now)
+                            own = ahead
+                    _finish_inline(state, plan, start, now, record_spans)
+                    continue
+            target = state.wait_stream.get(instruction.event)
+            if target is not None and target in state.parked:
+                state.release(target, now)
             event = state.event(instruction.event)
             if not event.triggered:
                 if stream in state.comm_streams:
@@ -263,12 +332,16 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
         elif kind is WaitFor:
             event = state.event(instruction.event)
             if not event.triggered:
-                state.blocked[stream] = (index, instruction, None)
+                state.blocked[stream] = (index - 1, instruction, None)
                 waited_from = now
                 yield event
                 now = env.now
                 own = ahead and waiters.get(instruction.event, 0) <= 1
                 state.blocked.pop(stream, None)
+                jump = state.cursor.pop(stream, None)
+                if jump is not None:      # the compute stream ran instructions of this stream inline
+                    index = jump
+                    continue
                 signaller = state.comm_signalled.get(instruction.event)
                 if stream == COMPUTE_STREAM and signaller is not None and now > waited_from:
                     _expose(state, signaller, waited_from, now)
@@ -294,7 +367,7 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
                 pending = network.recv(rank, instruction)
                 span_kind = "recv"
             if not pending.done.triggered:
-                state.blocked[stream] = (index, instruction, pending)
+                state.blocked[stream] = (index - 1, instruction, pending)
             yield pending.done
             now = env.now
             own = ahead    # a posted instruction's completion wakes only its own stream
@@ -310,9 +383,67 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
                                   0.0, int(instruction.size_bytes), instruction.iteration))
             if kind is Collective and instruction.frees:
                 memory.free(instruction.frees, now, instruction.name)
+    for parked in list(state.parked) if stream == COMPUTE_STREAM else ():
+        state.release(parked, now)
     if now > env.now:
         yield env.at(now)        # the simulation ends when the last stream's clock does
     finished.append(stream)
+
+
+def _inline(state: _RankState, world: _World, plan: tuple[str, int], ready: str, now_s: float) -> float | None:
+    """Run the collective of `plan` from the compute stream, as its own stream would, if that is exact.
+
+    The compute stream signals `ready` to stream S waiting at S[k] = WaitFor(ready), S[k+1] is a Collective
+    and S[k+2] signals the event compute waits for next. When S is idle at k (blocked there, or parked by an
+    earlier inline at cursor k), nothing else is scheduled at `now_s` (checked by the caller) and the network
+    model says the collective is link-isolated with this rank its only simulated member and no shadow
+    started, the collective's allocations, span, communication and exposure intervals are exactly those of
+    the normal path, so they are recorded here and S is parked (its process sleeps until an instruction of
+    it is needed, then jumps to its cursor). Returns the end time, or None (nothing done) when not exact.
+    """
+    name, k = plan
+    cursor = state.cursor.get(name)
+    if cursor is None:
+        blocked = state.blocked.get(name)
+        if blocked is None or blocked[0] != k or type(blocked[1]) is not WaitFor or blocked[1].event != ready:
+            return None
+    elif cursor != k:
+        return None
+    instructions = state.program.streams[name]
+    if k + 3 < len(instructions) and state.event(instructions[k + 3].event).triggered:
+        return None       # the stream would go on at once after the collective
+    collective = instructions[k + 1]
+    rank = state.program.rank
+    duration = world.network(rank, collective).inline_duration_s(rank, collective)
+    if duration is None:
+        return None
+    if cursor is None:
+        state.parked[name] = ready
+    state.cursor[name] = k + 3
+    state.comm_streams[name] = None
+    if collective.allocs:
+        state.memory.allocate(collective.allocs, name, now_s, collective.name)
+    return now_s + duration
+
+
+def _finish_inline(state: _RankState, plan: tuple[str, int], start_s: float, end_s: float,
+                   record_spans: bool) -> None:
+    """At the inlined collective's end, in the normal path's order: its stream's intervals, span and frees,
+    then the compute stream's exposure; a stream with nothing left is woken to finish."""
+    name, k = plan
+    collective = state.program.streams[name][k + 1]
+    if end_s > start_s:
+        state.comm_intervals.append((start_s, end_s))
+        state.stream_transfers.setdefault(name, []).append((start_s, end_s))
+    if record_spans:
+        state.trace.spans.append(Span(state.program.rank, name, collective.name, collective.kind, COMM_PHASE,
+                                      start_s, end_s, 0.0, int(collective.size_bytes), collective.iteration))
+    if collective.frees:
+        state.memory.free(collective.frees, end_s, collective.name)
+    if end_s > start_s:
+        state.exposed_intervals.append((start_s, end_s))     # the compute stream waited all along
+    if state.cursor[name] >= len(state.program.streams[name]):
+        state.release(name, end_s)
 
 
 def _expose(state: _RankState, signaller: str, waited_from_s: float, now_s: float) -> None:

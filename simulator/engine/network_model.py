@@ -26,7 +26,8 @@ import simpy
 
 from simulator.errors import PlanError
 from simulator.network.collectives import CollectiveSchedule, candidates, lower_collective
-from simulator.network.footprint import footprint, interference_components, isolated_duration_s
+from simulator.network.footprint import (footprint, interference_components, isolated_duration_s,
+                                         route_resources)
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
@@ -96,6 +97,7 @@ class NetworkModel:
         self._recvs: dict[tuple[int, int, str], deque[tuple[Recv, Pending]]] = {}
         self._owner: dict[int, _Operation] = {}
         self._timer_version = 0
+        self._refresh_pending = False      # a re-rating is scheduled at the current time (_reschedule_soon)
         self._schedules: dict[tuple, CollectiveSchedule] = {}
         self._shadow_groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self.shadow_operations = 0
@@ -152,6 +154,16 @@ class NetworkModel:
         self._launch_with_shadows(kind, instruction.group, size, waiters, instruction.name)
         return pending
 
+    def _shadow_launches(self, kind: str, group: tuple[int, ...], size: float) -> tuple[tuple, int]:
+        """(shadow groups to start, number dropped) when (kind, group, size) launches."""
+        key = (kind, group, size)
+        started = self._started_shadows.get(key)
+        if started is None:
+            shadows = self._shadows(kind, group)
+            kept = tuple(g for g in shadows if self._kept is None or (kind, g, size) in self._kept)
+            started = self._started_shadows[key] = (kept, len(shadows) - len(kept))
+        return started
+
     def _launch_with_shadows(self, kind: str, group: tuple[int, ...], size: float, waiters: list[Pending],
                              label: str) -> None:
         """Launch a collective whose simulated members all posted it, and its shadows worth starting."""
@@ -160,16 +172,37 @@ class NetworkModel:
             self._launch_isolated(key, waiters)
         else:
             self._launch(self._lower(kind, group, size), waiters, label)
-        started = self._started_shadows.get(key)
-        if started is None:
-            shadows = self._shadows(kind, group)
-            kept = tuple(g for g in shadows if self._kept is None or (kind, g, size) in self._kept)
-            started = self._started_shadows[key] = (kept, len(shadows) - len(kept))
-        kept, dropped = started
+        kept, dropped = self._shadow_launches(kind, group, size)
         for shadow in kept:
             self._launch(self._lower(kind, shadow, size), [], label)
         self.shadow_operations += len(kept)
         self.shadows_dropped += dropped
+
+    def inline_duration_s(self, rank: int, instruction: Collective) -> float | None:
+        """The duration of `instruction` if `rank` may run it inline, else None (nothing is changed then).
+
+        Inline means: `rank` is the group's only simulated member, the collective is link-isolated and none
+        of its shadows is started, so it completes exactly its isolated duration after it is posted and
+        touches nothing another operation can see. The caller then accounts it as posted and finished.
+        """
+        key = (instruction.kind, instruction.group, instruction.size_bytes)
+        if key not in self._isolated or rank not in instruction.group:
+            return None
+        alone = self._alone.get(instruction.group)
+        if alone is None:
+            alone = self._alone[instruction.group] = all(r == rank or r not in self.simulated
+                                                         for r in instruction.group)
+        if not alone:
+            return None
+        kept, dropped = self._shadow_launches(*key)
+        if kept:
+            return None
+        duration = self._isolated[key]
+        if duration is None:
+            duration = self._isolated[key] = isolated_duration_s(self.topology, self._lower(*key))
+        self.isolated_operations += 1
+        self.shadows_dropped += dropped
+        return duration
 
     def send(self, rank: int, instruction: Send) -> Pending:
         """Post a send from `rank`; the transfer starts when the matching recv is posted (or at once if the
@@ -270,7 +303,7 @@ class NetworkModel:
             return cached
         if kind == "send" and len(group) == 2 and group[0] != group[1]:
             # One direct flow from src to dst (lower_collective's send): its route's resources, sorted.
-            result = tuple(r for r, _ in self.topology.route(*group).resources) if size > 0 else ()
+            result = route_resources(self.topology, *group) if size > 0 else ()
             self._footprints[cache_key] = result
             return result
         found: dict[int, None] = {}
@@ -334,9 +367,27 @@ class NetworkModel:
                         keys = [listed.get(i, i) for i in range(len(shadow_group))]
                         ordered = tuple(r for _, r in sorted(zip(keys, shadow_group)))
                         found.setdefault(ordered, None)
+            elif len(group) == 2:
+                self._embedding_shadows(group, found)
         result = tuple(found)
         self._shadow_groups[key] = result
         return result
+
+    def _embedding_shadows(self, group: tuple[int, ...], found: dict[tuple[int, ...], None]) -> None:
+        """A two-rank group of one (dp, tp) across two stages (Megatron's embedding group when pp > 2): the
+        same pair of stages of every represented (dp, tp) copy."""
+        plan = self.plan
+        first, second = (plan.coords(r) for r in group)
+        if (first.dp, first.tp) != (second.dp, second.tp) or first.pp == second.pp:
+            return
+        for rank in group:
+            if rank not in self.simulated:
+                continue
+            for other in self._represented(rank):
+                c = plan.coords(other)
+                pair = (plan.rank_of(dp=c.dp, pp=first.pp, tp=c.tp), plan.rank_of(dp=c.dp, pp=second.pp, tp=c.tp))
+                if not any(r in self.simulated for r in pair):
+                    found.setdefault(pair, None)
 
     def _shadow_pairs(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
         """Stage-to-stage pairs of unsimulated ranks that (src, dst) stand for."""
@@ -401,7 +452,8 @@ class NetworkModel:
             self._start_flows(operation)
 
     def _start_flows(self, operation: _Operation) -> None:
-        self._sync()
+        if not self._refresh_pending:
+            self._sync()      # else: synced at this very time already; only flows were added since
         flows = operation.schedule.phases[operation.phase].flows
         for flow in flows:
             flow_id = self.network.start(flow, with_latency=False)
@@ -410,6 +462,25 @@ class NetworkModel:
         if not flows:
             operation.phase += 1
             self._begin_phase(operation)
+        self._reschedule_soon()
+
+    def _reschedule_soon(self) -> None:
+        """Re-rate and set the timer once after every launch at this time (not once per launch).
+
+        Flows started at one instant all share the instant's rates: the intermediate rates a re-rating after
+        each start would give are replaced before any time passes, so one re-rating at the end of the
+        instant gives the same rates and end times (each re-rating costs the whole connected component).
+        """
+        if self._refresh_pending:
+            return
+        self._refresh_pending = True
+        event = self.env.event()
+        event.callbacks.append(self._deferred_reschedule)
+        event.succeed()
+
+    def _deferred_reschedule(self, _event) -> None:
+        self._refresh_pending = False
+        self._sync()
         self._reschedule()
 
     def _sync(self, until_s: float = 0.0) -> None:
@@ -455,4 +526,3 @@ class NetworkModel:
             for rank in sorted(gathering.arrived):
                 lines.append(f"rank {rank}: {gathering.arrived[rank].reason}")
         return lines
-

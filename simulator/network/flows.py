@@ -301,6 +301,7 @@ def max_min_rates(capacities: dict[int, float], uses: dict[int, tuple[tuple[int,
         current = max(remaining[resource], 0.0) / weight[resource]
         if current != share:
             continue    # stale: every change of a resource pushed a fresh entry
+        touched: dict[int, None] = {}
         for flow_id in members[resource]:
             if flow_id in rates:
                 continue
@@ -308,7 +309,10 @@ def max_min_rates(capacities: dict[int, float], uses: dict[int, tuple[tuple[int,
             for other, count in uses[flow_id]:
                 remaining[other] -= current * count
                 weight[other] -= count
-                if weight[other] > 0 and other != resource:
-                    heapq.heappush(heap, (max(remaining[other], 0.0) / weight[other], other))
+                touched[other] = None
         weight[resource] = 0
+        # One fresh entry per changed resource (pushing after every flow only adds entries that go stale).
+        for other in touched:
+            if weight[other] > 0 and other != resource:
+                heapq.heappush(heap, (max(remaining[other], 0.0) / weight[other], other))
     return rates

@@ -28,11 +28,18 @@ def footprint(topology: RoutingModel, schedule: CollectiveSchedule) -> tuple[int
     found: dict[int, None] = {}
     for phase in schedule.phases:
         for flow in phase.flows:
-            if flow.size_bytes == 0:
-                continue
-            for resource, _ in topology.route(flow.src, flow.dst).resources:
-                found[resource] = None
+            if flow.size_bytes != 0:
+                found.update(dict.fromkeys(route_resources(topology, flow.src, flow.dst)))
     return tuple(sorted(found))
+
+
+def route_resources(topology: RoutingModel, src: int, dst: int) -> tuple[int, ...]:
+    """Sorted resource ids of the route src -> dst: Topology.route_resources where the model has it (no
+    hop names, latency or bottleneck built), else from `route`."""
+    fast = getattr(topology, "route_resources", None)
+    if fast is not None:
+        return fast(src, dst)
+    return tuple(r for r, _ in topology.route(src, dst).resources)
 
 
 def interference_components(footprints: Mapping[Hashable, tuple[int, ...]]) -> dict[Hashable, int]:

@@ -58,6 +58,7 @@ class _Streams:
     count: int = 0
     # Lazily allocated cuBLAS workspaces: True (first forward GEMM) / False (first other GEMM) -> tensor ids.
     first_gemm: dict[bool, tuple[int, ...]] = field(default_factory=dict)
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)     # axis -> this rank's group
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -70,7 +71,9 @@ class _Streams:
         """Lower a COLLECTIVE op run to a Collective on COMM_STREAM, ordered with the compute stream."""
         op = run.op
         axis = op.group if op.group in ("tp", "dp") else "tp"
-        group = self.plan.group_of(self.rank, axis)
+        group = self.groups.get(axis)
+        if group is None:
+            group = self.groups[axis] = self.plan.group_of(self.rank, axis)
         if len(group) == 1:
             self.compute.append(run)
             return

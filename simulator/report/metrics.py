@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from simulator.engine.executor import COMM_PHASE
 from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, CATEGORIES, FORWARD, OPTIMIZER_STEP, RECOMPUTE
 
 _PHASE_KEYS = {FORWARD: "forward_s", BACKWARD_INPUT: "backward_s", BACKWARD_WEIGHT: "backward_s",
@@ -46,6 +47,9 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     phase_time = {key: 0.0 for key in _PHASE_KEYS.values()}
     compute = 0.0
     for span in rank_trace.spans:
+        # Collectives and transfers are communication (below), not compute, even when a stream overlaps them.
+        if span.phase == COMM_PHASE:
+            continue
         if start <= span.start_s and span.end_s <= end:
             duration = span.end_s - span.start_s
             phase_time[_PHASE_KEYS.get(span.phase, "forward_s")] += duration
@@ -54,13 +58,14 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     for key in phase_time:
         phase_time[key] /= iterations
     compute /= iterations
-    idle = max(0.0, iteration_time - compute)
     comm_total = comm_exposed = 0.0
     communication = getattr(trace, "communication", {}).get(rank_trace.rank)
     if communication is not None and end > start:
         comm_total, comm_exposed = communication.between(start, end)
         comm_total /= iterations
         comm_exposed /= iterations
+    # Idle: neither computing nor waiting on communication that compute does not hide (pipeline bubbles).
+    idle = max(0.0, iteration_time - compute - comm_exposed)
     tokens = recipe.micro_batch_size * recipe.accumulation_steps * scenario.parallel.dp * scenario.model.seq_length
     tokens_per_s = tokens / iteration_time if iteration_time > 0 else 0.0
     peak = peak_flop_rate(device, scenario.training.precision)
@@ -182,5 +187,5 @@ def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, tra
     from simulator.api import model_shape
     from simulator.workload.transformer import model_parameter_count
 
-    head["model"] = dict(head["model"], parameters=model_parameter_count(model_shape(scenario)))
+    head["model"] = dict(head["model"], parameters=model_parameter_count(model_shape(scenario, padded=False)))
     return head

@@ -230,6 +230,9 @@ def _resolve_parallel(table: Mapping, model: ModelConfig, ctx: _Context) -> Para
     return ParallelConfig(**values)
 
 
+MEGATRON_VOCAB_DIVISOR = 128      # Megatron-LM's --make-vocab-size-divisible-by default
+
+
 def _resolve_training(table: Mapping, parallel: ParallelConfig, ctx: _Context) -> TrainingConfig:
     values = _with_defaults(_parse_table(table, "training", ctx), "training")
     per_step = values["micro_batch_size"] * parallel.dp
@@ -239,6 +242,8 @@ def _resolve_training(table: Mapping, parallel: ParallelConfig, ctx: _Context) -
         raise key_error(ctx.source, "training.global_batch_size", values["global_batch_size"],
                         f"must be a multiple of training.micro_batch_size * parallel.dp = "
                         f"{values['micro_batch_size']} * {parallel.dp} = {per_step}")
+    if values["vocab_divisible_by"] is None:
+        values["vocab_divisible_by"] = MEGATRON_VOCAB_DIVISOR if values["framework"] == "megatron" else 1
     return TrainingConfig(**values, data_parallel_size=parallel.dp)
 
 

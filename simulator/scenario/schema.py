@@ -356,6 +356,7 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("recompute", recompute_mode, "none", 'none | selective | full | "segments:N"', "activation checkpointing (segments:N = checkpoint_sequential)"),
     _k("activation_compression", choice(ACTIVATION_COMPRESSIONS), "none", " | ".join(ACTIVATION_COMPRESSIONS), "compression of saved activations"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "loss scaling (meaningful for fp16-mixed only)"),
+    _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
 )
 
 PARALLEL_KEYS: tuple[KeySpec, ...] = (
@@ -483,6 +484,7 @@ class TrainingConfig:
     recompute: str = "none"
     activation_compression: str = "none"
     loss_scale: str | float = "dynamic"
+    vocab_divisible_by: int = 1
     data_parallel_size: int = 1
 
     @property
