@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
@@ -19,6 +20,9 @@ from simulator.workload.primitives import KernelProfile
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
 
+if TYPE_CHECKING:
+    from simulator.parallel.plan import ParallelPlan
+
 
 @dataclass
 class Result:
@@ -27,6 +31,7 @@ class Result:
     report: dict
     trace: Trace
     scenario: Scenario
+    plan: ParallelPlan | None = None     # the parallel plan of a multi-rank simulation
 
 
 def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
@@ -193,7 +198,7 @@ def _simulate_multi(scenario: Scenario) -> Result:
         report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown)
     else:
         report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
-    return Result(report, trace, scenario)
+    return Result(report, trace, scenario, plan)
 
 
 def load_topology_for(device: DeviceSpec):

@@ -45,22 +45,10 @@ def report_json(report: dict) -> str:
 
 
 def _rank_coords(result) -> dict:
-    """(dp, pp, tp) coordinates of every simulated rank of a multi-GPU result; {} for one device.
-
-    The plan is rebuilt from the scenario (make_plan is deterministic and cheap: ~0.2 s for 1,024
-    GPUs, most of it loading the topology).
-    """
-    from simulator.parallel.plan import make_plan
-    from simulator.topology import resolve_cluster
-
-    p = result.scenario.parallel
-    if p.dp * p.tp * p.pp == 1:
+    """(dp, pp, tp) coordinates of every simulated rank of a multi-GPU result; {} for one device."""
+    if result.plan is None:
         return {}
-    cluster = resolve_cluster(result.scenario)
-    if cluster.topology is None:
-        return {}
-    plan = make_plan(result.scenario, cluster.topology)
-    return {rank.rank: plan.coords(rank.rank) for rank in result.trace.ranks}
+    return {rank.rank: result.plan.coords(rank.rank) for rank in result.trace.ranks}
 
 
 def write_outputs(result, out_dir: Path) -> list[Path]:

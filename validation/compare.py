@@ -323,17 +323,23 @@ def _time_runs(dataset: Dataset, calibration: Path | None) -> dict[str, dict]:
     return found
 
 
-def _default_collective_s(environment: Mapping[str, object], device, kind: str, world: int, size: int) -> float:
-    """memsim's uncalibrated prediction: the network model on the recorded topology (NCCL captures that name
-    one), else launch overhead + bus bytes at half the device's copy bandwidth (gloo over loopback)."""
+def _capture_topology(environment: Mapping[str, object]):
+    """The topology an NCCL capture names (validation.collectives --topology), else None (gloo)."""
     name = environment.get("topology")
-    if environment.get("backend") == "nccl" and name:
-        try:
-            topology = load_topology(str(name))
-        except MemsimError as error:
-            raise DataError(f"collectives.json: topology = {name!r}: {error}") from None
+    if environment.get("backend") != "nccl" or not name:
+        return None
+    try:
+        return load_topology(str(name))
+    except MemsimError as error:
+        raise DataError(f"collectives.json: topology = {name!r}: {error}") from None
+
+
+def _default_collective_s(topology, device, kind: str, world: int, size: int) -> float:
+    """memsim's uncalibrated prediction: the network model on the capture's topology (NCCL), else launch
+    overhead + bus bytes at half the device's copy bandwidth (gloo over loopback)."""
+    if topology is not None:
         if world > topology.num_gpus:
-            raise DataError(f"collectives.json: world size {world} is larger than topology {name!r} "
+            raise DataError(f"collectives.json: world size {world} is larger than topology {topology.name!r} "
                             f"({topology.num_gpus} GPUs)")
         return collective_time_s(topology, kind, tuple(range(world)), float(size))
     return device.launch_overhead_s + link_bus_bytes(kind, world, float(size)) / (device.hbm_bytes_per_s / 2)
@@ -344,7 +350,7 @@ def _collectives(dataset: Dataset, calibration: Path | None) -> tuple[Collective
     if not dataset.collectives:
         return ()
     results = dataset.collectives["results"]
-    environment = dataset.collectives.get("environment", {})
+    topology = _capture_topology(dataset.collectives.get("environment", {}))
     device = dataset.device_spec
     links = {}
     if calibration is not None:
@@ -360,7 +366,7 @@ def _collectives(dataset: Dataset, calibration: Path | None) -> tuple[Collective
         link = links.get(key)
         rows.append(CollectiveComparison(
             key[0], key[1], int(r["size_bytes"]), float(r["median_s"]), float(r["iqr_over_median"]),
-            _default_collective_s(environment, device, key[0], key[1], int(r["size_bytes"])),
+            _default_collective_s(topology, device, key[0], key[1], int(r["size_bytes"])),
             fit.latency_s + bus / fit.bytes_per_s if fit else math.nan,
             link.latency_s + bus / link.bytes_per_s if link else None))
     return tuple(rows)

@@ -15,7 +15,7 @@ from simulator.engine.memory import RankMemory
 from simulator.errors import DeadlockError, TopologyError
 from simulator.parallel.program import (Alloc, Collective, Free, Mark, Program, Recv, Run, Send, Signal,
                                         WaitFor)
-from simulator.trace.records import RankTrace, Span, Trace
+from simulator.trace.records import COMM_PHASE, RankTrace, Span, Trace
 from simulator.workload.graph import CATEGORIES
 
 if TYPE_CHECKING:
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from simulator.parallel.plan import ParallelPlan
 
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
-COMM_PHASE = "comm"
 
 
 @dataclass(frozen=True)

@@ -446,17 +446,5 @@ def run_collective(topology: Topology, kind: str, group: Sequence[int], size_byt
 
 def collective_time_s(topology: Topology, kind: str, group: Sequence[int], size_bytes: float,
                       algorithm: str | None = None, protocol: str | None = None) -> float:
-    """Seconds one collective takes alone on the topology (bandwidth simulated on FlowNetwork, NCCL latency).
-
-    Args:
-        topology: the cluster.
-        kind: one of KINDS.
-        group: participating GPU ids.
-        size_bytes: size in nccl-tests' convention.
-        algorithm: force an algorithm (default: choose_algorithm).
-        protocol: force a protocol.
-
-    Returns:
-        The time in seconds (0.0 for one GPU or zero bytes).
-    """
+    """Seconds one collective takes alone on the topology: `run_collective(...).time_s` (same arguments)."""
     return run_collective(topology, kind, group, size_bytes, algorithm, protocol).time_s

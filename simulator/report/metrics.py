@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulator.engine.executor import COMM_PHASE
+from simulator.trace.records import COMM_PHASE
 from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, CATEGORIES, FORWARD, OPTIMIZER_STEP, RECOMPUTE
 
 _PHASE_KEYS = {FORWARD: "forward_s", BACKWARD_INPUT: "backward_s", BACKWARD_WEIGHT: "backward_s",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+COMM_PHASE = "comm"      # Span.phase of collectives and transfers (communication, not compute)
+
 
 @dataclass(frozen=True, slots=True)
 class Span:

@@ -290,7 +290,7 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         microbatches=tuple(results), optimizer=opt_ops, gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs), output_shape=output_shape,
         output_dtype=output_dtype, meta=meta,
-        first_use=workspace_first_use(list(results[0].forward + results[0].backward), states.workspaces, tensors))
+        first_use=workspace_first_use(list(results[0].forward + results[0].backward), states.workspaces))
     if recipe.dp == 1:
         return workload
     infos = [ParamInfo(ref.id, name, numel(ref.shape), dts.grad,

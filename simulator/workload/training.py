@@ -141,19 +141,18 @@ class ModelStates:
     """What a rank keeps besides its parameters: workspaces, gradient buffers, optimizer states."""
 
     persistent: list[int]            # persistent gradient buffers, loss-scaler state
-    workspaces: list[int]            # cuBLAS(Lt) workspaces: forward handle's (cuBLAS, Lt), autograd thread's
+    workspaces: tuple[list[int], list[int]]   # cuBLAS(Lt) workspaces: (forward handle's, autograd thread's)
     grad_buffers: list[int]          # megatron main_grad buffers (empty otherwise), parameter order
     master: list[MasterParam]        # what the optimizer updates, parameter order
     state_tensors: list[Tensor]      # created at the first optimizer step
     optimizer_ops: list[Op]
 
 
-def workspace_first_use(ops: list[Op], workspaces: list[int], tensors: dict[int, Tensor]
+def workspace_first_use(ops: list[Op], workspaces: tuple[list[int], list[int]]
                         ) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """When the cuBLAS workspaces are allocated: the forward handle's before the first forward GEMM, the
     autograd thread's before the first GEMM of the backward pass (a recomputed forward GEMM included)."""
-    forward = [t for t in workspaces if not tensors[t].name.endswith(".backward")]
-    backward = [t for t in workspaces if tensors[t].name.endswith(".backward")]
+    forward, backward = workspaces
     first_use: list[tuple[str, tuple[int, ...]]] = []
     for wanted, group in ((True, forward), (False, backward)):
         op = next((o for o in ops if o.op_class == GEMM and (o.phase == FORWARD) == wanted), None)
@@ -170,14 +169,14 @@ def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, id
     # keeps it: it counts in memory_allocated() for the whole run. The forward thread's handle takes a cuBLAS
     # and a cuBLASLt workspace (two requests), the autograd thread's handle a cuBLAS one.
     cublas = min(profile.backward_workspace_bytes, profile.library_workspace_bytes)
-    workspaces: list[int] = []
-    for name, nbytes in (("cublas_workspace", cublas or profile.library_workspace_bytes),
-                         ("cublaslt_workspace", profile.library_workspace_bytes - cublas if cublas else 0),
-                         ("cublas_workspace.backward", profile.backward_workspace_bytes)):
+    workspaces: tuple[list[int], list[int]] = ([], [])
+    for group, name, nbytes in ((0, "cublas_workspace", cublas or profile.library_workspace_bytes),
+                                (0, "cublaslt_workspace", profile.library_workspace_bytes - cublas if cublas else 0),
+                                (1, "cublas_workspace.backward", profile.backward_workspace_bytes)):
         if nbytes:
             workspace = Tensor(ids(), name, nbytes, OTHER, "uint8", (nbytes,), persistent=True)
             tensors[workspace.id] = workspace
-            workspaces.append(workspace.id)
+            workspaces[group].append(workspace.id)
     grad_buffers: list[int] = []
     if dts.persistent_grad_buffer:
         for ref, name in zip(params.refs, params.names):
@@ -269,7 +268,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     persistent += states.persistent
     grad_buffers = states.grad_buffers
     state_tensors, opt_ops = states.state_tensors, states.optimizer_ops
-    first_use = workspace_first_use(first_ops, states.workspaces, tensors)
+    first_use = workspace_first_use(first_ops, states.workspaces)
     # Gradients stolen into .grad are per-iteration tensors of category "gradients".
     for gid in grads:
         t = tensors[gid]
