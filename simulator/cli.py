@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -164,11 +165,27 @@ def presets() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    code: int | str | None = 0
     try:
         app(standalone_mode=True)
+    except SystemExit as done:
+        code = done.code
     except MemsimError as error:  # defensive: any command that lets one escape
         sys.stderr.write(f"memsim: error: {error}\n")
-        sys.exit(2)
+        code = 2
+    if isinstance(code, str):
+        sys.stderr.write(code + "\n")
+        code = 1
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)            # a profiler or coverage tool writes its data at exit
+    # Exit without tearing down: a cluster-scale run leaves millions of objects whose one-by-one release
+    # takes seconds and changes nothing (outputs are written and closed, atomically, by now).
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:           # a closed pipe (memsim ... | head): nothing left to tell
+            pass
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,13 @@ def test_copied_microbatches_equal_recorded_ones(first_backward, spec, framework
     stage_input = None if spec.first else ((1, 32, 64), "bf16")
     fast = build_stage(shape, recipe, profile, spec, 6, first_backward, stage_input)
     slow = build_stage(shape, recipe, profile, spec, 6, first_backward, stage_input, replay_all=True)
-    assert fast.microbatches == slow.microbatches
-    assert fast.tensors == slow.tensors
+    # The last micro-batch reduces the gradients (dp 2): it has its own ops, so with first_backward 3 (template
+    # 4) no copy is left.
+    assert any(mb.shift for mb in fast.microbatches) == (first_backward < 3)
+    assert [mb.resolved() for mb in fast.microbatches] == list(slow.microbatches)
+    # A copy's id maps to its template's Tensor: everything but `.id` is the recorded tensor's.
+    assert fast.tensors.keys() == slow.tensors.keys()
+    assert all(dataclasses.replace(fast.tensors[tid], id=tid) == t for tid, t in slow.tensors.items())
     assert (fast.persistent, fast.gradients, fast.optimizer, fast.optimizer_state_ids) == \
         (slow.persistent, slow.gradients, slow.optimizer, slow.optimizer_state_ids)
 

@@ -341,6 +341,19 @@ class ExactAllocator(AllocatorBase):
             })
         return out
 
+    def state_key(self, owners: dict[int, object]) -> tuple:
+        """Everything later calls depend on, live allocations named by `owners` (handle -> label) instead of
+        handles and op names (see CachingAllocator.state_key)."""
+        live = sorted((rec[0], rec[1], rec[2], rec[4], rec[5], owners.get(h)) for h, rec in self._live.items())
+        return (tuple(live), tuple(self._space._free), len(self._pending), self.capacity_bytes,
+                self._allocated, self._reserved, self._requested, self._active)
+
+    def rename(self, handle: int, op: str) -> None:
+        """Set the op a live allocation is attributed to (snapshot frames, free events)."""
+        rec = self._live.get(handle)
+        if rec is not None:
+            self._live[handle] = rec[:3] + (op,) + rec[4:]
+
     # internals ---------------------------------------------------------------------------------
     def _release(self, rec: tuple, time_s: float, op: str) -> None:
         addr, nbytes, stream, a_op, tensor, category = rec

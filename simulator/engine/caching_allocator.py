@@ -252,6 +252,28 @@ class CachingAllocator(AllocatorBase):
         out.sort(key=lambda s: s["address"])
         return out
 
+    def state_key(self, owners: dict[int, object]) -> tuple:
+        """Everything later calls depend on, with live blocks named by `owners` (handle -> label) instead of
+        handles and op names: equal keys mean equal futures for equally named calls (engine/repeats.py)."""
+        owner_at = {self._live[h].addr: label for h, label in owners.items() if h in self._live}
+        segments = []
+        for addr in sorted(self._segments):
+            seg = self._segments[addr]
+            blocks = []
+            b = seg.head
+            while b is not None:
+                blocks.append((b.addr, b.size, b.state, b.mapped, b.requested, owner_at.get(b.addr)))
+                b = b.next
+            segments.append((addr, seg.size, seg.stream, seg.small, seg.page, seg.info, tuple(blocks)))
+        return (tuple(segments), tuple(self._space._free), len(self._pending), self.capacity_bytes,
+                self._allocated, self._reserved, self._requested, self._active, self._inactive_split)
+
+    def rename(self, handle: int, op: str) -> None:
+        """Set the op a live allocation is attributed to (snapshot frames, free events)."""
+        block = self._live.get(handle)
+        if block is not None:
+            block.info = (op,) + block.info[1:]
+
     # free lists ----------------------------------------------------------------------------------
     def _push_free(self, block: _Block) -> None:
         key = block.seg.key

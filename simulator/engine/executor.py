@@ -11,11 +11,11 @@ import simpy
 import simpy.core
 
 from simulator.engine.allocator import Allocator
-from simulator.engine.memory import RankMemory
+from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.errors import DeadlockError, TopologyError
-from simulator.parallel.program import (Alloc, Collective, Free, Mark, Program, Recv, Run, Send, Signal,
-                                        WaitFor)
-from simulator.trace.records import COMM_PHASE, RankTrace, Span, Trace
+from simulator.parallel.program import (Alloc, Collective, Free, Mark, Period, Program, Recv, Run, Send,
+                                        Signal, WaitFor)
+from simulator.trace.records import COMM_PHASE, Span, Trace
 from simulator.workload.graph import CATEGORIES
 
 if TYPE_CHECKING:
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from simulator.network.topology import Topology
     from simulator.parallel.plan import ParallelPlan
 
-COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,9 @@ class EngineOptions:
     shadow_traffic: bool = True     # with a plan: unsimulated ranks' traffic loads the links (symmetry)
     isolated_collectives: bool = True   # time link-isolated collectives alone, without flows (exact to rounding)
     run_ahead: bool = True          # run compute ops nothing can interleave with without yielding (exact)
+    rank_lookahead: bool = True     # ... also past other ranks' events while this rank's other streams are quiet
     inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
+    repeats: bool = True            # replay repeated periods of memory calls instead of the allocator (exact)
 
 
 @dataclass(frozen=True)
@@ -137,78 +138,6 @@ class _World:
         return self._network
 
 
-class _RankState:
-    def __init__(self, program: Program, allocator: Allocator, capacity_bytes: int,
-                 options: EngineOptions, env: simpy.Environment):
-        stream_ids = {name: i for i, name in enumerate(program.streams)}
-        self.program = program
-        self.memory = RankMemory(allocator, program.tensors, stream_ids, options.record_timeline)
-        self.trace = RankTrace(program.rank, program.device, capacity_bytes)
-        self.events: dict[str, simpy.Event] = {}
-        self.env = env
-        self.failed = False
-        self.marks: list[tuple[str, int, float]] = []
-        self.blocked: dict[str, tuple[int, object, object]] = {}    # stream -> (index, instruction, why)
-        self.comm_streams: dict[str, None] = {}
-        self.comm_signalled: dict[str, str] = {}     # event -> the communication stream that signalled it
-        self.stream_transfers: dict[str, list[tuple[float, float]]] = {}   # comm stream -> transfer times
-        self.comm_intervals: list[tuple[float, float]] = []
-        self.exposed_intervals: list[tuple[float, float]] = []
-        self.waiters: dict[str, int] = {}            # event -> WaitFor instructions on it (all streams)
-        waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
-        for name, instructions in program.streams.items():
-            for index, instruction in enumerate(instructions):
-                if type(instruction) is WaitFor:
-                    self.waiters[instruction.event] = self.waiters.get(instruction.event, 0) + 1
-                    waiting[instruction.event] = (name, index)
-        self.wait_stream = {event: where[0] for event, where in waiting.items() if self.waiters[event] == 1}
-        # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
-        # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
-        self.inline_plans: dict[str, tuple[str, int]] = {}
-        self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
-        self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
-        if options.inline_collectives:
-            self._plan_inline(waiting)
-
-    def _plan_inline(self, waiting: dict[str, tuple[str, int]]) -> None:
-        streams = self.program.streams
-        compute = streams.get(COMPUTE_STREAM, ())
-        signallers: dict[str, set[str]] = {}
-        for name, instructions in streams.items():
-            for instruction in instructions:
-                if type(instruction) is Signal:
-                    signallers.setdefault(instruction.event, set()).add(name)
-        for i in range(len(compute) - 1):
-            signal, wait = compute[i], compute[i + 1]
-            if type(signal) is not Signal or type(wait) is not WaitFor or self.waiters.get(wait.event) != 1:
-                continue
-            where = waiting.get(signal.event)
-            if where is None or where[0] == COMPUTE_STREAM or self.waiters[signal.event] != 1:
-                continue
-            name, k = where
-            other = streams[name]
-            if not (k + 2 < len(other) and type(other[k + 1]) is Collective and type(other[k + 2]) is Signal
-                    and other[k + 2].event == wait.event):
-                continue
-            # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
-            # so parking it until then changes nothing.
-            after = other[k + 3] if k + 3 < len(other) else None
-            if after is None or (type(after) is WaitFor and self.waiters.get(after.event) == 1
-                                 and signallers.get(after.event) == {COMPUTE_STREAM}):
-                self.inline_plans[signal.event] = (name, k)
-
-    def release(self, stream: str, time_s: float) -> None:
-        """Wake a parked stream at `time_s`; it goes on from its cursor."""
-        event = self.event(self.parked.pop(stream))
-        if not event.triggered:
-            self.env.trigger_at(event, time_s)
-
-    def event(self, name: str) -> simpy.Event:
-        if name not in self.events:
-            self.events[name] = self.env.event()
-        return self.events[name]
-
-
 def simulate_programs(programs: list[Program], allocators: list[Allocator],
                       capacities: list[int], options: EngineOptions = EngineOptions(),
                       topology: Topology | None = None, plan: ParallelPlan | None = None) -> EngineTrace:
@@ -228,7 +157,7 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
             instruction) with what it waits for: an event, a peer's send/recv, members of a collective.
     """
     env = _Environment()
-    states = [_RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
+    states = [RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
     world = _World(env, programs, topology, plan if options.shadow_traffic else None,
                    options.isolated_collectives)
     finished: list[str] = []
@@ -243,7 +172,7 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     return _collect(states, env.now)
 
 
-def _blocked(state: _RankState, stream: str) -> BlockedInstruction:
+def _blocked(state: RankState, stream: str) -> BlockedInstruction:
     index, instruction, why = state.blocked[stream]
     cursor = state.cursor.get(stream)
     if cursor is not None and cursor < len(state.program.streams[stream]):
@@ -257,7 +186,7 @@ def _blocked(state: _RankState, stream: str) -> BlockedInstruction:
     return BlockedInstruction(state.program.rank, stream, index, text, reason)
 
 
-def _stream_process(env: _Environment, state: _RankState, stream: str, instructions, options: EngineOptions,
+def _stream_process(env: _Environment, state: RankState, stream: str, instructions, options: EngineOptions,
                     finished: list[str], world: _World):
     """Run one stream's instructions.
 
@@ -268,11 +197,23 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
     at exactly `now`) before anything that other streams or the network can observe at env.now.
     """
     memory = state.memory
-    trace = state.trace
     rank = state.program.rank
     record_spans = options.record_spans
-    spans = trace.spans
+    spans = state.spans[stream]
     peek = env.peek
+    lookahead = options.run_ahead and options.rank_lookahead and stream == COMPUTE_STREAM
+    quiet = None         # state.quiet() while nothing else has run (None: not known)
+
+    def may_go_on() -> bool:
+        """Whether the compute stream may run past the next scheduled event (its rank's other streams are
+        quiet: EngineOptions.rank_lookahead)."""
+        nonlocal quiet
+        if not (lookahead and own):
+            return False
+        if quiet is None:
+            quiet = state.quiet()
+        return quiet
+
     waiters = state.waiters
     now = env.now
     own = options.run_ahead    # the last resume woke this stream alone: nothing else runs before peek()
@@ -290,36 +231,39 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
             op = instruction.op
             start = now
             if op.allocs:
-                memory.allocate(op.allocs, stream, start, op.name)
+                memory.run_allocate(op.allocs, instruction.shift, instruction.low, stream, start, op.name)
             duration = instruction.duration_s
             if duration > 0:
                 now = start + duration
-                if not own or now >= peek():
+                if (not own or now >= peek()) and not may_go_on():
                     yield env.at(now)
                     own = ahead
+                    quiet = None
             if record_spans:
                 spans.append(Span(rank, stream, op.name, op.op_class, op.phase, start, now, op.flops,
                                   op.bytes_read + op.bytes_written, instruction.iteration))
             if op.frees:
-                memory.free(op.frees, now, op.name)
+                memory.run_free(op.frees, instruction.shift, instruction.low, now, op.name)
         elif kind is Alloc:
             memory.allocate(instruction.tensors, stream, now, instruction.reason)
         elif kind is Free:
             memory.free(instruction.tensors, now, instruction.reason)
         elif kind is Signal:
             plan = inline_plans.get(instruction.event)
-            if plan is not None and own and now < peek():
+            if plan is not None and own and (now < peek() or may_go_on()):
                 start = now
                 end = _inline(state, world, plan, instruction.event, now)
                 if end is not None:
                     index += 1            # the WaitFor(done) that follows: done at `end`
                     if end > now:
                         now = end
-                        if not own or now >= peek():
+                        if (not own or now >= peek()) and not may_go_on():
                             yield env.at(now)
                             own = ahead
+                            quiet = None
                     _finish_inline(state, plan, start, now, record_spans)
                     continue
+            quiet = None          # a stream it wakes may have work
             target = state.wait_stream.get(instruction.event)
             if target is not None and target in state.parked:
                 state.release(target, now)
@@ -328,14 +272,17 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
                 if stream in state.comm_streams:
                     state.comm_signalled[instruction.event] = stream
                 env.trigger_at(event, now)
+                state.signal_time[instruction.event] = now
         elif kind is WaitFor:
             event = state.event(instruction.event)
-            if not event.triggered:
+            # A stream running ahead may have signalled it for a time after this stream's clock.
+            if not event.triggered or state.signal_time.get(instruction.event, now) > now:
                 state.blocked[stream] = (index - 1, instruction, None)
                 waited_from = now
                 yield event
-                now = env.now
+                now = max(now, env.now)     # with lookahead the event may have fired before this clock
                 own = ahead and waiters.get(instruction.event, 0) <= 1
+                quiet = None
                 state.blocked.pop(stream, None)
                 jump = state.cursor.pop(stream, None)
                 if jump is not None:      # the compute stream ran instructions of this stream inline
@@ -344,6 +291,8 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
                 signaller = state.comm_signalled.get(instruction.event)
                 if stream == COMPUTE_STREAM and signaller is not None and now > waited_from:
                     _expose(state, signaller, waited_from, now)
+        elif kind is Period:
+            memory.boundary(instruction)
         elif kind is Mark:
             if instruction.label == "measure":
                 memory.start_measuring()
@@ -351,6 +300,7 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
         elif kind is Collective or kind is Send or kind is Recv:
             if now > env.now:
                 yield env.at(now)     # the network model works at env.now
+                quiet = None
             state.comm_streams[stream] = None
             allocs = instruction.allocs if kind is not Send else ()
             if allocs:
@@ -370,6 +320,7 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
             yield pending.done
             now = env.now
             own = ahead    # a posted instruction's completion wakes only its own stream
+            quiet = None
             state.blocked.pop(stream, None)
             started = pending.start_s
             if now > started:
@@ -387,9 +338,10 @@ def _stream_process(env: _Environment, state: _RankState, stream: str, instructi
     if now > env.now:
         yield env.at(now)        # the simulation ends when the last stream's clock does
     finished.append(stream)
+    state.done.add(stream)
 
 
-def _inline(state: _RankState, world: _World, plan: tuple[str, int], ready: str, now_s: float) -> float | None:
+def _inline(state: RankState, world: _World, plan: tuple[str, int], ready: str, now_s: float) -> float | None:
     """Run the collective of `plan` from the compute stream, as its own stream would, if that is exact.
 
     The compute stream signals `ready` to stream S waiting at S[k] = WaitFor(ready), S[k+1] is a Collective
@@ -425,7 +377,7 @@ def _inline(state: _RankState, world: _World, plan: tuple[str, int], ready: str,
     return now_s + duration
 
 
-def _finish_inline(state: _RankState, plan: tuple[str, int], start_s: float, end_s: float,
+def _finish_inline(state: RankState, plan: tuple[str, int], start_s: float, end_s: float,
                    record_spans: bool) -> None:
     """At the inlined collective's end, in the normal path's order: its stream's intervals, span and frees,
     then the compute stream's exposure; a stream with nothing left is woken to finish."""
@@ -435,7 +387,7 @@ def _finish_inline(state: _RankState, plan: tuple[str, int], start_s: float, end
         state.comm_intervals.append((start_s, end_s))
         state.stream_transfers.setdefault(name, []).append((start_s, end_s))
     if record_spans:
-        state.trace.spans.append(Span(state.program.rank, name, collective.name, collective.kind, COMM_PHASE,
+        state.spans[name].append(Span(state.program.rank, name, collective.name, collective.kind, COMM_PHASE,
                                       start_s, end_s, 0.0, int(collective.size_bytes), collective.iteration))
     if collective.frees:
         state.memory.free(collective.frees, end_s, collective.name)
@@ -445,7 +397,7 @@ def _finish_inline(state: _RankState, plan: tuple[str, int], start_s: float, end
         state.release(name, end_s)
 
 
-def _expose(state: _RankState, signaller: str, waited_from_s: float, now_s: float) -> None:
+def _expose(state: RankState, signaller: str, waited_from_s: float, now_s: float) -> None:
     """Count the part of a compute-stream wait during which the signalling stream was transferring."""
     transfers = state.stream_transfers.get(signaller, ())
     for start_s, end_s in reversed(transfers):     # one stream's transfers are sequential
@@ -468,15 +420,18 @@ def _covered(intervals: tuple[tuple[float, float], ...], start_s: float, end_s: 
     return total
 
 
-def _collect(states: list[_RankState], end_time_s: float) -> EngineTrace:
+def _collect(states: list[RankState], end_time_s: float) -> EngineTrace:
     ranks = []
     bounds: list[tuple[float, float]] = []
     communication: dict[int, RankCommunication] = {}
     for state in states:
-        communication[state.program.rank] = RankCommunication(tuple(state.comm_intervals),
-                                                              tuple(state.exposed_intervals))
+        # Sorted: with lookahead, streams of a rank append them out of time order (totals are unchanged).
+        communication[state.program.rank] = RankCommunication(tuple(sorted(state.comm_intervals)),
+                                                              tuple(sorted(state.exposed_intervals)))
         memory = state.memory
+        memory.catch_up()
         trace = state.trace
+        trace.spans = [span for name in state.program.streams for span in state.spans[name]]
         trace.memory = memory.samples
         trace.allocator_events = memory.allocator.events
         trace.final_segments = memory.allocator.segments()

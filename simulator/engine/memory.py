@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from simulator.engine.allocator import Allocator, OutOfMemory
+from simulator.engine.repeats import ALLOC, BOUNDARY, FREE, RecordedCall, Recording, Skipping, absolute, relative
+from simulator.parallel.program import Period, moved_ids
 from simulator.trace.records import MemorySample, OomInfo
 from simulator.workload.graph import CATEGORIES, Tensor
 
@@ -14,7 +16,7 @@ class RankMemory:
     """Allocates and frees a rank's tensors, keeping allocated bytes by category and the peak."""
 
     def __init__(self, allocator: Allocator, tensors: dict[int, Tensor], stream_ids: dict[str, int],
-                 record_timeline: bool = True):
+                 record_timeline: bool = True, repeats: bool = True):
         self.allocator = allocator
         self.tensors = tensors
         self.stream_ids = stream_ids
@@ -31,11 +33,44 @@ class RankMemory:
         self.category_peaks = [0] * len(CATEGORIES)
         self.measuring = True
         self.first_oom: OomInfo | None = None
+        # Repeated periods (engine/repeats.py): the calls since recent boundaries, or a period being replayed.
+        self.repeats = repeats
+        self._recording: Recording | None = None
+        self._skipping: Skipping | None = None
 
-    def allocate(self, tensor_ids: tuple[int, ...], stream: str, time_s: float, op: str) -> None:
-        """Allocate tensors in order; raises OutOfMemory (with the allocator's numbers) on failure."""
-        allocator = self.allocator
+    def run_allocate(self, op_ids: tuple[int, ...], shift: int, low: int, stream: str, time_s: float,
+                     op: str) -> None:
+        """allocate() for a Run: its op's ids, those >= low moved by shift (a micro-batch copy)."""
+        if self._skipping is not None and self._replayed_run(ALLOC, op_ids, shift, self.stream_ids[stream], time_s,
+                                                             op):
+            return
+        self.allocate(moved_ids(op_ids, shift, low) if shift else op_ids, stream, time_s, op, (op_ids, shift))
+
+    def run_free(self, op_ids: tuple[int, ...], shift: int, low: int, time_s: float, op: str) -> None:
+        """free() for a Run (see run_allocate)."""
+        if self._skipping is not None and self._replayed_run(FREE, op_ids, shift, 0, time_s, op):
+            return
+        self.free(moved_ids(op_ids, shift, low) if shift else op_ids, time_s, op, (op_ids, shift))
+
+    def allocate(self, tensor_ids: tuple[int, ...], stream: str, time_s: float, op: str,
+                 template: tuple | None = None) -> None:
+        """Allocate tensors in order (an OOM is recorded, then the limit is lifted and the run goes on)."""
         stream_id = self.stream_ids[stream]
+        if self._skipping is not None and self._replayed(ALLOC, tensor_ids, stream_id, time_s, op):
+            return
+        if self._recording is None:
+            self._allocate(tensor_ids, stream_id, time_s, op)
+            self._sample(time_s, op)
+            return
+        log = self._log_start()
+        before = list(self.by_category)
+        self._allocate(tensor_ids, stream_id, time_s, op, before)
+        self._sample(time_s, op)
+        self._record(ALLOC, tensor_ids, stream_id, op, before, log, template)
+
+    def _allocate(self, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str,
+                  category_max: list[int] | None = None) -> None:
+        allocator = self.allocator
         for tid in tensor_ids:
             tensor = self.tensors[tid]
             try:
@@ -56,20 +91,154 @@ class RankMemory:
             self.by_category[index] += size
             if self.measuring and self.by_category[index] > self.category_peaks[index]:
                 self.category_peaks[index] = self.by_category[index]
-        self._sample(time_s, op)
+            if category_max is not None and self.by_category[index] > category_max[index]:
+                category_max[index] = self.by_category[index]
 
-    def free(self, tensor_ids: tuple[int, ...], time_s: float, op: str) -> None:
+    def free(self, tensor_ids: tuple[int, ...], time_s: float, op: str, template: tuple | None = None) -> None:
         """Free tensors (unknown or already freed ids are a program error)."""
+        if self._skipping is not None and self._replayed(FREE, tensor_ids, 0, time_s, op):
+            return
+        log = self._log_start() if self._recording is not None else 0
+        self._free(tensor_ids, time_s, op)
+        self._sample(time_s, op)
+        if self._recording is not None:
+            self._record(FREE, tensor_ids, 0, op, self.by_category, log, template)
+
+    def _free(self, tensor_ids: tuple[int, ...], time_s: float, op: str) -> None:
         allocator = self.allocator
         for tid in tensor_ids:
             handle = self.handles.pop(tid)
             allocator.free(handle, time_s, op)
             self.by_category[_CATEGORY_INDEX[self.tensors[tid].category]] -= self.bytes_of.pop(tid)
-        self._sample(time_s, op)
 
-    def _sample(self, time_s: float, op: str) -> None:
-        allocated = self.allocator.allocated_bytes
-        reserved = self.allocator.reserved_bytes
+    # repeated periods (engine/repeats.py) --------------------------------------------------------
+    def boundary(self, boundary: Period) -> None:
+        """A point where a period may start: go on replaying, or look for this state among recent boundaries."""
+        if not self.repeats:
+            return
+        if self._skipping is not None:
+            if self._skipping.advance(boundary):
+                return
+            self.catch_up()
+        recording = self._recording
+        if self.first_oom is not None:
+            self._recording = None
+            return
+        if recording is None or (recording.low, recording.high) != (boundary.low, boundary.high):
+            recording = self._recording = Recording(boundary)
+        summary = (boundary.key, tuple(self.by_category), len(self.handles))
+        state = None
+        if recording.worth_comparing(summary):
+            labels = {self.handles[tid]: label
+                      for tid, label in zip(self.handles, relative(tuple(self.handles), boundary.shift,
+                                                                   boundary.low, boundary.high))}
+            state = (tuple(sorted(labels.values())), self.allocator.state_key(labels))
+            period = recording.period_to(summary, state, boundary)
+            if period is not None:
+                calls, step = period
+                self._skipping = Skipping(boundary, calls, step, self.by_category)
+                self._recording = None
+                return
+        recording.mark(summary, state, boundary)
+
+    def catch_up(self) -> None:
+        """Bring the frozen allocator to where the replayed calls left it (before it is read or called)."""
+        skipping = self._skipping
+        if skipping is None:
+            return
+        self._skipping = None
+        lag = skipping.reference - skipping.frozen_reference
+        if lag:
+            low, high = skipping.low, skipping.high
+            self.handles = {(t + lag if low <= t < high else t): h for t, h in self.handles.items()}
+            self.bytes_of = {(t + lag if low <= t < high else t): n for t, n in self.bytes_of.items()}
+        self.by_category = list(skipping.by_category)
+        log, self.allocator._log = self.allocator._log, None     # their events were replayed already
+        measuring, self.measuring = self.measuring, False
+        try:
+            for call in skipping.calls[1:skipping.position]:
+                if call.kind == BOUNDARY:
+                    continue
+                ids = absolute(call.ids, skipping.reference)
+                if call.kind == ALLOC:
+                    self._allocate(ids, call.stream, 0.0, call.op)
+                else:
+                    self._free(ids, 0.0, call.op)
+        finally:
+            self.allocator._log, self.measuring = log, measuring
+        for tid, op in skipping.renamed.items():
+            handle = self.handles.get(tid)
+            if handle is not None:
+                self.allocator.rename(handle, op)
+
+    def _replayed(self, kind: int, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str) -> bool:
+        """Replay this call's outcome if it is the next call of the period; else catch up (False)."""
+        skipping = self._skipping
+        calls = skipping.calls
+        if skipping.position < len(calls):
+            call = calls[skipping.position]
+            if call.kind == kind and call.stream == stream_id \
+                    and call.ids == relative(tensor_ids, skipping.reference, skipping.low, skipping.high):
+                if kind == ALLOC and op != call.op:
+                    for tid in tensor_ids:
+                        skipping.renamed[tid] = op
+                self._replay(call, time_s, op)
+                return True
+        self.catch_up()
+        return False
+
+    def _replayed_run(self, kind: int, op_ids: tuple[int, ...], shift: int, stream_id: int, time_s: float,
+                      op: str) -> bool:
+        """The fast match of a Run's call: the recorded call came from the same op ids moved by the same
+        distance from the reference (so its relative ids are equal). False: try the general match."""
+        skipping = self._skipping
+        calls = skipping.calls
+        if skipping.position < len(calls):
+            call = calls[skipping.position]
+            if call.template is op_ids and call.delta == shift - skipping.reference and call.kind == kind \
+                    and call.stream == stream_id and call.op == op:
+                self._replay(call, time_s, op)
+                return True
+        return False
+
+    def _replay(self, call: RecordedCall, time_s: float, op: str) -> None:
+        """Take the recorded outcome of the next call of the period."""
+        self._skipping.position += 1
+        self.by_category = call.by_category      # a tuple while replaying; catch_up makes it a list
+        if self.measuring:
+            peaks = self.category_peaks
+            for i, value in enumerate(call.category_max):
+                if value > peaks[i]:
+                    peaks[i] = value
+        if call.events:
+            self._replay_events(call, time_s, op)
+        self._sample(time_s, op, call.allocated, call.reserved)
+
+    def _replay_events(self, call: RecordedCall, time_s: float, op: str) -> None:
+        append = self.allocator._log.append
+        for event in call.events:
+            event_op = op if event[5] == call.op else event[5]
+            append(*event[:4], time_s, event_op, *event[6:])
+
+    def _log_start(self) -> int:
+        log = self.allocator._log
+        return len(log._raw) if log is not None else 0
+
+    def _record(self, kind: int, tensor_ids: tuple[int, ...], stream_id: int, op: str,
+                category_max: list[int], log_start: int, template: tuple | None) -> None:
+        recording = self._recording
+        log = self.allocator._log
+        events = tuple(log._raw[log_start:]) if log is not None else ()
+        op_ids, delta = (template[0], template[1] - recording.origin) if template is not None else (None, 0)
+        recording.calls.append(RecordedCall(kind, relative(tensor_ids, recording.origin, recording.low, recording.high),
+                                            stream_id, op, self.allocator.allocated_bytes,
+                                            self.allocator.reserved_bytes, tuple(self.by_category),
+                                            tuple(category_max), events, op_ids, delta))
+
+    def _sample(self, time_s: float, op: str, allocated: int | None = None, reserved: int | None = None) -> None:
+        if allocated is None:
+            allocated = self.allocator.allocated_bytes
+            reserved = self.allocator.reserved_bytes
         if self.record_timeline:
             self.samples.append(MemorySample(time_s, allocated, reserved, tuple(self.by_category)))
         if self.measuring:
@@ -83,6 +252,7 @@ class RankMemory:
 
     def start_measuring(self) -> None:
         """Reset peaks (torch.cuda.reset_peak_memory_stats) at the start of the measured iterations."""
+        self.catch_up()
         self.measuring = True
         self.peak_allocated = -1
         self.peak_reserved = self.allocator.reserved_bytes

@@ -353,14 +353,18 @@ class NetworkModel:
                 # group_of tuple lists its members in coordinate order, so member i has coordinate i.
                 listed = {plan.group_of(r, axis).index(r): i for i, r in enumerate(group)}
                 seen: set[tuple[int, ...]] = set()
+                covered: set[int] = set()       # members of the groups in `seen` (each rank is in one group)
                 for rank in group:
                     if rank not in self.simulated:
                         continue
                     for other in self._represented(rank):
+                        if other in covered:
+                            continue
                         shadow_group = plan.group_of(other, axis)
                         if shadow_group in seen:
                             continue
                         seen.add(shadow_group)
+                        covered.update(shadow_group)
                         if any(r in self.simulated for r in shadow_group):
                             continue
                         # keep the members in the order the real group lists them (broadcast root first)
@@ -390,19 +394,24 @@ class NetworkModel:
                     found.setdefault(pair, None)
 
     def _shadow_pairs(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
-        """Stage-to-stage pairs of unsimulated ranks that (src, dst) stand for."""
+        """Stage-to-stage pairs of unsimulated ranks that (src, dst) stand for (remembered per pair)."""
+        key = ("shadow pairs", (src, dst))
+        found = self._shadow_groups.get(key)
+        if found is not None:
+            return found
         plan = self.plan
         if plan is None or len(self.simulated) == plan.world_size \
                 or not (0 <= src < plan.world_size and 0 <= dst < plan.world_size):
-            return ()
-        dst_stage = plan.stage_of(dst)
-        pairs = []
-        for other in self._represented(src):
-            coords = plan.coords(other)
-            peer = plan.rank_of(dp=coords.dp, pp=dst_stage, tp=coords.tp)
-            if peer != other and peer not in self.simulated:
-                pairs.append((other, peer))
-        return tuple(pairs)
+            found = ()
+        else:
+            # The represented ranks are the rest of src's stage: each one's peer at (its dp, dst's stage, its tp)
+            # is a whole number of pipeline strides away.
+            shift = (plan.stage_of(dst) - plan.stage_of(src)) * plan.stride("pp")
+            simulated = self.simulated
+            found = tuple((other, other + shift) for other in self._represented(src)
+                          if shift != 0 and other + shift not in simulated)
+        self._shadow_groups[key] = found
+        return found
 
     # ----- driving the flow network -------------------------------------------------------------------------
     def _transfer(self, src: int, dst: int, size_bytes: float, waiters: list[Pending], label: str) -> None:

@@ -104,6 +104,11 @@ def bus_factor(kind: str, n: int) -> float:
 
 
 def _layout(topology: Topology, group: tuple[int, ...]) -> _Layout:
+    """How `group` sits on the servers, remembered per topology and group (it depends on nothing else)."""
+    return topology.derived(("layout", group), lambda: _compute_layout(topology, group))
+
+
+def _compute_layout(topology: Topology, group: tuple[int, ...]) -> _Layout:
     by_node: dict[int, list[int]] = {}
     for gpu in sorted(group):
         by_node.setdefault(topology.node_of_gpu(gpu), []).append(gpu)
@@ -121,9 +126,13 @@ def candidates(topology: Topology, kind: str, group: Sequence[int]) -> list[tupl
     """Every (algorithm, protocol) that can run `kind` on `group`, in a fixed order (choose_algorithm's ties go to
     the earlier): LL128 only where GPUs talk over NVLink and NVLS only with Simple on an NVLS switch, as in NCCL."""
     members = _check(topology, kind, group, 0)
+    return list(topology.derived(("candidates", kind, members), lambda: _candidates(topology, kind, members)))
+
+
+def _candidates(topology: Topology, kind: str, members: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
     layout = _layout(topology, members)
     if kind in ("all_to_all", "send", "recv"):
-        return [("direct", "simple")]
+        return (("direct", "simple"),)
     protocols = ["ll", "ll128", "simple"] if layout.intra == "nvlink" else ["ll", "simple"]
     algorithms = ["ring"]
     if kind == "all_reduce" and layout.per_node:
@@ -133,7 +142,7 @@ def candidates(topology: Topology, kind: str, group: Sequence[int]) -> list[tupl
     found = [(a, p) for a in algorithms for p in protocols]
     if kind in ("all_reduce", "reduce_scatter", "all_gather") and topology.reduction_switch(members):
         found.append(("nvls", "simple"))
-    return found
+    return tuple(found)
 
 
 def _check(topology: Topology, kind: str, group: Sequence[int], size_bytes: float) -> tuple[int, ...]:
@@ -382,6 +391,8 @@ def transfer_seconds_per_byte(topology: Topology, kind: str, group: Sequence[int
 
     Alone on the network, max-min rates do not depend on flow sizes, so every event time scales with the
     size: time(size) = latency + size x this. The simulation runs at REFERENCE_BYTES on a FlowNetwork.
+    Groups whose schedules have the same shape (`_schedule_shape`) share one simulation: the flow network
+    would do the same float operations for them.
     """
     members = tuple(group)
 
@@ -389,9 +400,28 @@ def transfer_seconds_per_byte(topology: Topology, kind: str, group: Sequence[int
         schedule = lower_collective(topology, kind, members, REFERENCE_BYTES, algorithm, protocol)
         bare = CollectiveSchedule(kind, members, REFERENCE_BYTES, algorithm, protocol,
                                   tuple(Phase(phase.flows, 0.0) for phase in schedule.phases))
-        return simulate_schedule(topology, bare) / REFERENCE_BYTES
+        return topology.derived(("collective shape", _schedule_shape(topology, bare)),
+                                lambda: simulate_schedule(topology, bare) / REFERENCE_BYTES)
 
     return topology.derived(("collective", kind, members, algorithm, protocol), simulate)
+
+
+def _schedule_shape(topology: Topology, schedule: CollectiveSchedule) -> tuple:
+    """What `simulate_schedule` depends on, with resource ids renumbered in their own order.
+
+    A FlowNetwork run without latencies sees, per phase and in start order, each flow's size, rate cap and route
+    uses; resource ids only as keys and through their order (heap ties), and their capacities. Two schedules
+    with equal shapes therefore give the same float operations and the same duration.
+    """
+    routes = [[topology.route(flow.src, flow.dst).resources for flow in phase.flows] for phase in schedule.phases]
+    ids = sorted({resource for phase in routes for uses in phase for resource, _ in uses})
+    number = {resource: i for i, resource in enumerate(ids)}
+    phases = tuple(
+        (phase.latency_s, tuple((flow.size_bytes, flow.max_bytes_per_s,
+                                 tuple((number[resource], count) for resource, count in uses))
+                                for flow, uses in zip(phase.flows, phase_routes)))
+        for phase, phase_routes in zip(schedule.phases, routes))
+    return phases, tuple(topology.capacity_bytes_per_s(resource) for resource in ids)
 
 
 def _time_s(topology: Topology, kind: str, members: tuple[int, ...], size_bytes: float, algorithm: str,

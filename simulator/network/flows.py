@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +24,10 @@ from simulator.network.topology import Route
 
 # Events closer than this (relative) are processed together: symmetric flows finish in one step.
 _SAME_TIME = 1e-12
+# Components of at least this many flows have their rates remembered by shape (FlowNetwork._refresh) ...
+_MEMO_MIN_FLOWS = 64
+# ... in at most this many entries (the oldest is forgotten first).
+_MEMO_ENTRIES = 256
 
 
 class RoutingModel(Protocol):
@@ -64,17 +69,23 @@ class Delivery:
 
 
 class _Active:
-    __slots__ = ("flow", "start_s", "uses", "remaining", "rate", "updated_s", "version", "latency_s")
+    __slots__ = ("flow", "start_s", "uses", "res", "seeds", "remaining", "rate", "updated_s", "version", "latency_s",
+                 "shape", "end_s")
 
-    def __init__(self, flow: Flow, start_s: float, uses: tuple[tuple[int, int], ...], latency_s: float) -> None:
+    def __init__(self, flow: Flow, start_s: float, uses: tuple[tuple[int, int], ...], res: tuple[int, ...],
+                 seeds: dict[int, None], latency_s: float, shape: int) -> None:
         self.flow = flow
+        self.shape = shape          # FlowNetwork._shapes id of (route resources, rate cap)
         self.start_s = start_s
         self.uses = uses
+        self.res = res              # the resource ids of `uses`
+        self.seeds = seeds          # the same ids as dict keys (shared by the flows of one route)
         self.remaining = float(flow.size_bytes)
         self.rate = 0.0
         self.updated_s = start_s
         self.version = 0
         self.latency_s = latency_s
+        self.end_s = math.nan       # end of transmission of the flow's valid `_finish` entry (nan: none yet)
 
 
 class FlowNetwork:
@@ -88,10 +99,14 @@ class FlowNetwork:
         self._active: dict[int, _Active] = {}
         self._on: dict[int, dict[int, int]] = {}     # resource -> {flow id: uses}, in start order
         self._capacity: dict[int, float] = {}
-        self._dirty: dict[int, None] = {}            # resources whose flows need new rates
+        self._dirty: dict[int, None] = {}            # resources whose flows need new rates (some may be idle)
+        # (src, dst) -> (route resources, their ids, the ids as dict keys, route latency, shape id without a cap)
+        self._routes: dict[tuple, tuple] = {}
         self._finish: list[tuple[float, int, int]] = []    # (end of transmission, flow id, version)
         self._arrive: list[tuple[float, int]] = []         # (delivery, flow id) after the route latency
         self._sent: dict[int, tuple[_Active, float]] = {}  # transmitted, waiting for their latency
+        self._shapes: dict[tuple, int] = {}          # (route resources, rate cap) -> small id
+        self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}   # component shapes -> rates (_refresh)
 
     @property
     def now_s(self) -> float:
@@ -114,26 +129,51 @@ class FlowNetwork:
         Returns:
             The flow id (increasing from 0 in start order).
         """
-        route = self._topology.route(flow.src, flow.dst)
+        src, dst = flow.src, flow.dst
+        known = self._routes.get((src, dst))
+        if known is None:
+            known = self._route(src, dst)
+        uses, res, keys, latency_s, shape = known
         flow_id = self._next_id
         self._next_id += 1
-        uses = route.resources
-        if flow.max_bytes_per_s is not None:
+        cap = flow.max_bytes_per_s
+        if cap is not None:
+            cap = float(cap)
             cap_resource = -1 - flow_id          # a private resource holding the flow's own cap
-            self._capacity[cap_resource] = float(flow.max_bytes_per_s)
+            self._capacity[cap_resource] = cap
+            shapes = self._shapes
+            shape = shapes.setdefault((uses, cap), len(shapes))
             uses = uses + ((cap_resource, 1),)
-        active = _Active(flow, self._now, uses, route.latency_s if with_latency else 0.0)
+            res = res + (cap_resource,)
+            keys = dict.fromkeys(res)
+        active = _Active(flow, self._now, uses, res, keys, latency_s if with_latency else 0.0, shape)
         if flow.size_bytes == 0 or not uses:
             self._sent[flow_id] = (active, self._now)
             heapq.heappush(self._arrive, (self._now + active.latency_s, flow_id))
             return flow_id
         self._active[flow_id] = active
+        on = self._on
         for resource, count in uses:
+            flows = on.get(resource)
+            if flows is None:
+                on[resource] = {flow_id: count}
+            else:
+                flows[flow_id] = count
+        self._dirty.update(keys)
+        return flow_id
+
+    def _route(self, src: int | str, dst: int | str) -> tuple:
+        """Remember what `start` needs of the route src -> dst (the link capacities included)."""
+        route = self._topology.route(src, dst)
+        uses = route.resources
+        res = tuple(resource for resource, _ in uses)
+        for resource in res:
             if resource not in self._capacity:
                 self._capacity[resource] = self._topology.capacity_bytes_per_s(resource)
-            self._on.setdefault(resource, {})[flow_id] = count
-            self._dirty[resource] = None
-        return flow_id
+        shapes = self._shapes
+        shape = shapes.setdefault((uses, None), len(shapes))
+        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), route.latency_s, shape)
+        return known
 
     def rate_bytes_per_s(self, flow_id: int) -> float:
         """The current sending rate of an active flow (0.0 once it has sent everything)."""
@@ -211,16 +251,15 @@ class FlowNetwork:
         active = self._active.pop(flow_id)
         active.remaining = 0.0
         active.rate = 0.0
-        for resource, _ in active.uses:
-            flows = self._on[resource]
+        on = self._on
+        for resource in active.res:
+            flows = on[resource]
             del flows[flow_id]
-            if flows:
-                self._dirty[resource] = None
-            else:
-                del self._on[resource]
-                self._dirty.pop(resource, None)
+            if not flows:
+                del on[resource]
                 if resource < 0:
                     del self._capacity[resource]
+        self._dirty.update(active.seeds)   # a resource left idle is no seed (_components)
         self._sent[flow_id] = (active, self._now)
         heapq.heappush(self._arrive, (self._now + active.latency_s, flow_id))
 
@@ -233,40 +272,88 @@ class FlowNetwork:
             heapq.heappop(self._finish)
 
     def _refresh(self) -> None:
-        """Recompute rates of the flows connected (through shared resources) to a changed resource."""
+        """Recompute rates of the flows connected (through shared resources) to a changed resource.
+
+        Each connected component is filled on its own (components share no resource, so filling them together
+        would do the same float operations on each), on the network's own bookkeeping: `_on` lists each
+        resource's flows in id order, which is what `max_min_rates` would build.
+
+        A large component's rates are remembered under its shape: the shape id of every flow (route resources
+        and rate cap), in flow id order. Equal shapes mean the same resources with the same capacities, the same
+        uses and the same order of flows and of resource ids (a cap resource's id, -1 - flow id, orders the caps
+        as their flows), so the filling would repeat the same float operations and return the same rates.
+        """
         if not self._dirty:
             return
-        flows, resources = self._component(list(self._dirty))
+        components = self._components(self._dirty)
         self._dirty.clear()
         now = self._now
-        for flow_id in flows:
-            active = self._active[flow_id]
-            active.remaining = max(0.0, active.remaining - active.rate * (now - active.updated_s))
-            active.updated_s = now
-        rates = max_min_rates({r: self._capacity[r] for r in resources},
-                              {f: self._active[f].uses for f in flows})
-        for flow_id in flows:
-            active = self._active[flow_id]
-            active.rate = rates[flow_id]
-            active.version += 1
-            end = now + active.remaining / active.rate if active.rate > 0 else math.inf
-            heapq.heappush(self._finish, (end, flow_id, active.version))
+        finish = self._finish
+        memo = self._memo
+        active_of = self._active
+        heappush = heapq.heappush
+        inf = math.inf
+        for found, resources in components:
+            ids = sorted(found)
+            flows = [active_of[flow_id] for flow_id in ids]
+            if len(ids) >= _MEMO_MIN_FLOWS:
+                key = tuple([active.shape for active in flows])
+                rates = memo.get(key)
+                if rates is None:
+                    rates = self._fill_component(ids, flows, resources)
+                    if len(memo) >= _MEMO_ENTRIES:
+                        del memo[next(iter(memo))]
+                    memo[key] = rates
+            else:
+                rates = self._fill_component(ids, flows, resources)
+            for flow_id, active, rate in zip(ids, flows, rates):
+                remaining = active.remaining - active.rate * (now - active.updated_s)
+                if not remaining > 0.0:     # max(0.0, remaining)
+                    remaining = 0.0
+                active.remaining = remaining
+                active.updated_s = now
+                active.rate = rate
+                end = now + remaining / rate if rate > 0 else inf
+                if end != active.end_s:     # else its valid entry already says so: the heap pops the same
+                    active.version += 1
+                    active.end_s = end
+                    heappush(finish, (end, flow_id, active.version))
 
-    def _component(self, seeds: list[int]) -> tuple[list[int], list[int]]:
-        seen_resources = dict.fromkeys(r for r in seeds if r in self._on)
-        seen_flows: dict[int, None] = {}
-        stack = list(seen_resources)
-        while stack:
-            resource = stack.pop()
-            for flow_id in self._on[resource]:
-                if flow_id in seen_flows:
-                    continue
-                seen_flows[flow_id] = None
-                for other, _ in self._active[flow_id].uses:
-                    if other not in seen_resources:
-                        seen_resources[other] = None
-                        stack.append(other)
-        return sorted(seen_flows), sorted(seen_resources)
+    def _fill_component(self, ids: list[int], flows: list[_Active], resources: Iterable[int]) -> tuple[float, ...]:
+        """Rates of one component's flows (`ids` increasing, `flows` their states), in that order."""
+        capacity, on = self._capacity, self._on
+        rates: dict[int, float] = {}
+        _fill({r: capacity[r] for r in resources}, {r: sum(on[r].values()) for r in resources}, on,
+              {flow_id: active.uses for flow_id, active in zip(ids, flows)}, resources, rates)
+        return tuple([rates[flow_id] for flow_id in ids])
+
+    def _components(self, seeds: Iterable[int]) -> list[tuple[set[int], set[int]]]:
+        """The connected components (active flow ids, resource ids) holding `seeds` (idle seeds are skipped).
+
+        Breadth-first, a whole frontier at a time with set operations (the components are sets: whoever uses
+        them orders what needs an order).
+        """
+        on, active = self._on, self._active
+        seen: set[int] = set()
+        components = []
+        for seed in seeds:
+            if seed in seen or seed not in on:
+                continue
+            resources = {seed}
+            found: set[int] = set()
+            frontier: Iterable[int] = resources
+            while frontier:
+                new_flows = set().union(*[on[r] for r in frontier])
+                new_flows -= found
+                if not new_flows:
+                    break
+                found |= new_flows
+                frontier = set().union(*[active[flow_id].res for flow_id in new_flows])
+                frontier -= resources
+                resources |= frontier
+            seen |= resources
+            components.append((found, resources))
+        return components
 
 
 def max_min_rates(capacities: dict[int, float], uses: dict[int, tuple[tuple[int, int], ...]]) -> dict[int, float]:
@@ -282,7 +369,6 @@ def max_min_rates(capacities: dict[int, float], uses: dict[int, tuple[tuple[int,
     Returns:
         flow id -> rate in bytes/s.
     """
-    remaining = dict(capacities)
     weight: dict[int, float] = {r: 0.0 for r in capacities}
     members: dict[int, list[int]] = {r: [] for r in capacities}
     rates: dict[int, float] = {}
@@ -292,7 +378,73 @@ def max_min_rates(capacities: dict[int, float], uses: dict[int, tuple[tuple[int,
         for resource, count in uses[flow_id]:
             weight[resource] += count
             members[resource].append(flow_id)
-    heap = [(remaining[r] / weight[r], r) for r in sorted(capacities) if weight[r] > 0]
+    _fill(dict(capacities), weight, members, uses, list(capacities), rates)
+    return rates
+
+
+def _fill(remaining: dict[int, float], weight: dict[int, float], members: Mapping[int, Iterable[int]],
+          uses: Mapping[int, tuple[tuple[int, int], ...]], resources: Iterable[int], rates: dict[int, float]) -> None:
+    """Progressive filling: freeze every flow of `uses` into `rates` (both dicts are consumed).
+
+    The loop is the textbook one: take the resource of lowest fair share (ties: lowest id), give its
+    unfrozen flows (in flow id order) that share, take their rates off every resource they cross, repeat.
+    `remaining` and `weight` (capacity left and times crossed by unfrozen flows, per resource) change only
+    there, by the same float operations in the same order whatever the heap holds, so the rates depend only
+    on which resource is taken at each step. The heap keeps, for every resource still in play, an entry
+    no larger than its current share (`floor`): a share that grows (the usual case, as frozen flows leave
+    their links) is not pushed at once, only when its old entry comes up; a share that shrinks (float
+    rounding) is pushed at once. An entry equal to the current share is taken; a lower one is pushed again
+    at the current share; a higher one is stale. So each step takes the least (share, id), as a heap
+    refreshed after every change would, with far fewer pushes. Infinite capacities (inf - inf is nan, which
+    no heap orders) take `_fill_eager`, the refresh-after-every-change loop.
+
+    Args:
+        remaining: resource -> capacity (bytes/s), every resource of the flows.
+        weight: resource -> total times crossed by the flows of `uses`.
+        members: resource -> the flows crossing it, in increasing flow id.
+        uses: flow id -> ((resource, times crossed), ...) of the flows to rate.
+        resources: the resources, in any order.
+        rates: receives flow id -> rate.
+    """
+    if not all(math.isfinite(c) for c in remaining.values()):
+        _fill_eager(remaining, weight, members, uses, resources, rates)
+        return
+    heap = [(remaining[r] / weight[r], r) for r in resources if weight[r] > 0]
+    floor = dict((r, share) for share, r in heap)
+    heapq.heapify(heap)
+    heappop, heappush = heapq.heappop, heapq.heappush
+    while heap:
+        share, resource = heappop(heap)
+        w = weight[resource]
+        if w <= 0:
+            continue
+        left = remaining[resource]
+        current = (0.0 if 0.0 > left else left) / w         # max(left, 0.0) / w
+        if current != share:
+            if share < current:                          # a floor entry come up: queue the share it grew to
+                heappush(heap, (current, resource))
+                floor[resource] = current
+            continue
+        for flow_id in members[resource]:
+            if flow_id in rates:
+                continue
+            rates[flow_id] = current
+            for other, count in uses[flow_id]:
+                left = remaining[other] = remaining[other] - current * count
+                w = weight[other] = weight[other] - count
+                if w > 0 and other != resource:
+                    fresh = (0.0 if 0.0 > left else left) / w
+                    if fresh < floor[other]:             # the share shrank (rounding): queue it now
+                        heappush(heap, (fresh, other))
+                        floor[other] = fresh
+        weight[resource] = 0
+
+
+def _fill_eager(remaining: dict[int, float], weight: dict[int, float], members: Mapping[int, Iterable[int]],
+                uses: Mapping[int, tuple[tuple[int, int], ...]], resources: Iterable[int],
+                rates: dict[int, float]) -> None:
+    """`_fill` with a fresh heap entry for every resource a step changed (any capacities, infinite included)."""
+    heap = [(remaining[r] / weight[r], r) for r in sorted(resources) if weight[r] > 0]
     heapq.heapify(heap)
     while heap:
         share, resource = heapq.heappop(heap)
@@ -315,4 +467,3 @@ def max_min_rates(capacities: dict[int, float], uses: dict[int, tuple[tuple[int,
         for other in touched:
             if weight[other] > 0 and other != resource:
                 heapq.heappush(heap, (max(remaining[other], 0.0) / weight[other], other))
-    return rates

@@ -62,14 +62,25 @@ def interference_components(footprints: Mapping[Hashable, tuple[int, ...]]) -> d
             parent[x], x = root, parent[x]
         return root
 
-    for resources in footprints.values():
+    # Operations often share one footprint tuple (footprints are cached per group): union each once. The roots
+    # do not depend on the order of the unions (every root is its component's smallest id).
+    distinct = list({id(resources): resources for resources in footprints.values()}.values())
+    for resources in distinct:
+        if not resources:
+            continue
         for resource in resources:
             parent.setdefault(resource, resource)
+        root = find(resources[0])
         for resource in resources[1:]:
-            a, b = find(resources[0]), find(resource)
-            if a != b:
-                parent[max(a, b)] = min(a, b)     # the smallest id is the root
-    return {key: find(resources[0]) if resources else -1 for key, resources in footprints.items()}
+            other = find(resource)
+            if other != root:
+                if other < root:
+                    parent[root] = other          # the smallest id is the root
+                    root = other
+                else:
+                    parent[other] = root
+    roots = {id(resources): find(resources[0]) if resources else -1 for resources in distinct}
+    return {key: roots[id(resources)] for key, resources in footprints.items()}
 
 
 def isolated_duration_s(topology: RoutingModel, schedule: CollectiveSchedule) -> float:

@@ -26,23 +26,53 @@ Conventions (what is modelled and how):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Collective, Free,
-                                        Instruction, Mark, Program, Recv, Run, Send, Signal, WaitFor)
+                                        Instruction, Mark, Period, Program, Recv, Run, Send, Signal,
+                                        WaitFor)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
-from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP
+from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import StageSpec, StageWorkload, build_stage
 from simulator.workload.training import IterationWorkload, Recipe
 from simulator.workload.transformer import Shape
 
 DP_STREAM = f"{COMM_STREAM}.dp"      # data-parallel reductions of pipeline stages (module docstring)
+
+
+@dataclass(frozen=True)
+class _TimedOps:
+    """A recorded micro-batch's forward or backward ops with their durations, shared by its copies.
+
+    `segments`: (plain, special) pairs in order, `plain` a stretch of (op, duration) that only runs on the
+    compute stream, `special` the op that follows it needing `_Streams.runs` (a collective or an
+    optimizer-phase op), or None at the end.
+    """
+
+    pairs: tuple[tuple[Op, float], ...]
+    segments: tuple[tuple[tuple[tuple[Op, float], ...], tuple[Op, float] | None], ...]
+
+    @classmethod
+    def of(cls, runs: list[Run]) -> _TimedOps:
+        """Group the timed runs of one op list."""
+        pairs = tuple((run.op, run.duration_s) for run in runs)
+        segments = []
+        plain: list[tuple[Op, float]] = []
+        for pair in pairs:
+            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP:
+                segments.append((tuple(plain), pair))
+                plain = []
+            else:
+                plain.append(pair)
+        if plain:
+            segments.append((tuple(plain), None))
+        return cls(pairs, tuple(segments))
 
 
 @dataclass
@@ -59,6 +89,9 @@ class _Streams:
     # Lazily allocated cuBLAS workspaces: True (first forward GEMM) / False (first other GEMM) -> tensor ids.
     first_gemm: dict[bool, tuple[int, ...]] = field(default_factory=dict)
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)     # axis -> this rank's group
+    regions: dict[int, tuple[int, int]] = field(default_factory=dict)    # chunk -> ids of micro-batch copies
+    lowered: dict[int, tuple] = field(default_factory=dict)              # id(op) -> _lower_collective(op)
+    unmoved: dict[tuple[int, int], Collective] = field(default_factory=dict)   # (id(op), iteration) -> its post
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -69,30 +102,87 @@ class _Streams:
 
     def collective(self, run: Run) -> None:
         """Lower a COLLECTIVE op run to a Collective on COMM_STREAM, ordered with the compute stream."""
-        op = run.op
+        self.post(run.op, run.duration_s, run.iteration, run.shift, run.low)
+
+    def post(self, op: Op, duration_s: float, iteration: int, shift: int, low: int) -> None:
+        """`collective` of Run(op, duration_s, iteration, shift, low), without making the Run unless needed.
+
+        The Collective has no shift: a micro-batch copy's allocs / frees are moved here. What depends on
+        the op only (group, stream, event labels) is worked out once per op.
+        """
+        lowered = self.lowered.get(id(op))
+        if lowered is None or lowered[0] is not op:
+            lowered = self.lowered[id(op)] = self._lower_collective(op)
+        _, group, comm, ready_label, done_label, kind, size_bytes, overlapped = lowered
+        if group is None:
+            self.compute.append(Run(op, duration_s, iteration, shift, low))
+            return
+        self.count += 1
+        ready = f"{ready_label}#{self.count}"
+        self.count += 1
+        done = f"{done_label}#{self.count}"
+        self.compute.append(Signal(ready))
+        allocs, frees = op.allocs, op.frees
+        if shift:       # as Run.allocs() / Run.frees()
+            allocs = tuple([v + shift if v >= low else v for v in allocs])
+            frees = tuple([v + shift if v >= low else v for v in frees])
+        if allocs == op.allocs and frees == op.frees:
+            # Instructions are values: every micro-batch's post of this op in this iteration is the same one.
+            key = (id(op), iteration)
+            collective = self.unmoved.get(key)
+            if collective is None:
+                collective = self.unmoved[key] = Collective(op.name, kind, group, size_bytes, allocs, frees,
+                                                            iteration)
+        else:
+            collective = Collective(op.name, kind, group, size_bytes, allocs, frees, iteration)
+        comm += [WaitFor(ready), collective, Signal(done)]
+        if overlapped:
+            self.pending.append(done)
+        else:
+            self.compute.append(WaitFor(done))
+
+    def _lower_collective(self, op: Op) -> tuple:
+        """(op, group or None when it is this rank alone, stream, event labels, kind, size, overlapped)."""
         axis = op.group if op.group in ("tp", "dp") else "tp"
         group = self.groups.get(axis)
         if group is None:
             group = self.groups[axis] = self.plan.group_of(self.rank, axis)
         if len(group) == 1:
-            self.compute.append(run)
-            return
-        ready, done = self.event(f"{op.name}.ready"), self.event(f"{op.name}.done")
-        self.compute.append(Signal(ready))
+            return (op, None, None, "", "", "", 0.0, False)
         comm = self.stream(self.dp_stream if axis == "dp" else COMM_STREAM)
-        comm += [WaitFor(ready), Collective(op.name, op.collective or "all_reduce", group, float(op.comm_bytes),
-                                            op.allocs, op.frees, run.iteration), Signal(done)]
-        if axis == "dp" and op.collective in ("all_reduce", "reduce_scatter"):
-            self.pending.append(done)
-        else:
-            self.compute.append(WaitFor(done))
+        overlapped = axis == "dp" and op.collective in ("all_reduce", "reduce_scatter")
+        return (op, group, comm, f"{op.name}.ready", f"{op.name}.done", op.collective or "all_reduce",
+                float(op.comm_bytes), overlapped)
 
     def flush(self) -> None:
         """The compute stream waits for every outstanding data-parallel reduction."""
         self.compute += [WaitFor(event) for event in self.pending]
         self.pending.clear()
 
+    def microbatch(self, timed: _TimedOps, iteration: int, shift: int, low: int) -> None:
+        """Append one micro-batch's runs of `timed` (its template's ops, tensor ids moved by shift / low).
+
+        Only the Run objects are made per micro-batch: stretches of plain ops are extended in one go,
+        collectives, optimizer-phase ops and the ops before the last lazily allocated workspace take the
+        general path (`runs`).
+        """
+        if self.first_gemm:
+            self.runs([Run(op, duration_s, iteration, shift, low) for op, duration_s in timed.pairs])
+            return
+        compute = self.compute
+        for plain, special in timed.segments:
+            if plain:
+                compute += [Run(op, duration_s, iteration, shift, low) for op, duration_s in plain]
+            if special is None:
+                continue
+            op, duration_s = special
+            if op.op_class == COLLECTIVE:
+                self.post(op, duration_s, iteration, shift, low)
+            else:
+                self.runs([Run(op, duration_s, iteration, shift, low)])
+
     def runs(self, runs: list[Run]) -> None:
+        """Append runs to the compute stream: collectives go to their stream, workspaces at first use."""
         for run in runs:
             if run.op.op_class == COLLECTIVE:
                 self.collective(run)
@@ -181,8 +271,13 @@ def _tag(kind: str, stage: int, microbatch: int, iteration: int) -> str:
 
 def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
-                     warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0) -> Program:
-    """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0)."""
+                     warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0,
+                     schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None) -> Program:
+    """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0).
+
+    `schedule_steps`: `schedule_check.program(schedule)` (every stage's) when the caller lowers several
+    ranks; computed here otherwise.
+    """
     rank = plan.rank_of(dp=dp, pp=stage, tp=tp)
     chunks = sorted(chunk for (s, chunk) in workloads if s == stage)
     tensors: dict[int, object] = {}
@@ -208,7 +303,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
     first = mine[min(mine)]
     forward_names = {o.name for o in first.microbatches[0].forward}
     streams.first_gemm = {name in forward_names: ids for name, ids in first.first_use}
-    lowered = schedule_program(schedule)[stage]
+    lowered = (schedule_steps if schedule_steps is not None else schedule_program(schedule))[stage]
     total = warmup_iterations + iterations
     for it in range(total):
         if it == warmup_iterations:
@@ -232,19 +327,18 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
 
 
 def _timed_microbatches(workload: StageWorkload, device: DeviceSpec,
-                        cache: dict[tuple, float]) -> list[tuple[list[Run], list[Run]]]:
-    """(forward, backward) runs per micro-batch; a copy (`copy_of`) takes its original's durations, which
-    are identical (same ops and sizes; the L2 reuse only looks at adjacent ops of one micro-batch)."""
-    timed: list[tuple[list[Run], list[Run]]] = []
-    for mb in workload.microbatches:
-        original = timed[mb.copy_of] if 0 <= mb.copy_of < len(timed) else None
-        if original is not None and len(original[0]) == len(mb.forward) and len(original[1]) == len(mb.backward):
-            timed.append(([Run(op, run.duration_s, 0) for op, run in zip(mb.forward, original[0])],
-                          [Run(op, run.duration_s, 0) for op, run in zip(mb.backward, original[1])]))
-        else:
-            timed.append((timed_ops(list(mb.forward), workload.tensors, device, 0, cache),
-                          timed_ops(list(mb.backward), workload.tensors, device, 0, cache)))
-    return timed
+                        cache: dict[tuple, float]) -> list[tuple[_TimedOps, _TimedOps]]:
+    """(forward, backward) timed ops per micro-batch; a copy (`shift` != 0) shares its template's, whose
+    durations are its own (same ops and sizes; the L2 reuse only looks at adjacent ops of one micro-batch)."""
+    by_ops: dict[int, _TimedOps] = {}      # id(op tuple) -> its timing (copies share their template's tuple)
+
+    def timed(ops: tuple[Op, ...]) -> _TimedOps:
+        found = by_ops.get(id(ops))
+        if found is None:
+            found = by_ops[id(ops)] = _TimedOps.of(timed_ops(list(ops), workload.tensors, device, 0, cache))
+        return found
+
+    return [(timed(mb.forward), timed(mb.backward)) for mb in workload.microbatches]
 
 
 def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], timed, it: int) -> None:
@@ -252,15 +346,30 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
     mb = workload.microbatches[action.microbatch]
     forward, backward = timed[action.chunk][action.microbatch]
     if action.kind == "F":
+        if mb.shift:
+            # A copy's forward: where a repeated period of memory calls may start (engine/repeats.py).
+            region = streams.regions.get(action.chunk)
+            if region is None:
+                region = streams.regions[action.chunk] = _copy_region(workload)
+            streams.compute.append(Period(f"F{action.chunk}", mb.shift, *region))
         if mb.inputs:
             streams.compute.append(Alloc(mb.inputs, f"micro-batch {action.microbatch} inputs"))
-        streams.runs([_retag(run, it) for run in forward])
+        streams.microbatch(forward, it, mb.shift, mb.low)
     elif action.kind in ("B", "I"):
-        streams.runs([_retag(run, it) for run in backward])
+        streams.microbatch(backward, it, mb.shift, mb.low)
         done = mb.inputs + ((mb.stage_input,) if mb.stage_input is not None else ())
         if done:
             streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))
     # W: its kernels ran with I (module docstring).
+
+
+def _copy_region(workload: StageWorkload) -> tuple[int, int]:
+    """[low, high): the tensor ids of the template micro-batch and its copies (workload/stage.py lays them out
+    as consecutive blocks of one span; shared and later ids lie outside)."""
+    copies = [mb for mb in workload.microbatches if mb.shift]
+    span = min(mb.shift for mb in copies)
+    template = min(mb.index for mb in copies) - 1
+    return copies[0].low, copies[0].low + span * (len(workload.microbatches) - template)
 
 
 def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int, StageWorkload],
@@ -312,27 +421,36 @@ def _tied_embedding_all_reduce(streams: _Streams, mine: dict[int, StageWorkload]
 
 
 def _retag(run: Run, iteration: int) -> Run:
-    return run if iteration == 0 else Run(run.op, run.duration_s, iteration)
+    return run if iteration == 0 else Run(run.op, run.duration_s, iteration, run.shift, run.low)
 
 
 def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
-    """The workload with every tensor id moved by `offset` (for a second chunk on the same rank)."""
-    from dataclasses import replace
+    """The workload with every tensor id moved by `offset` (for a second chunk on the same rank).
 
-    from simulator.workload.graph import Tensor
-
+    Op tuples shared by micro-batch copies are moved once and stay shared; a copy's `low` moves with
+    its template's ids (its `shift` is unchanged).
+    """
     def ids(values):
         return tuple(v + offset for v in values)
 
     def op(o):
         return replace(o, inputs=ids(o.inputs), outputs=ids(o.outputs), allocs=ids(o.allocs), frees=ids(o.frees))
 
-    tensors = {tid + offset: Tensor(t.id + offset, t.name, t.nbytes, t.category, t.dtype, t.shape, t.persistent)
+    moved: dict[int, tuple[Op, ...]] = {}      # id(op tuple) -> the moved tuple
+
+    def ops(values: tuple[Op, ...]) -> tuple[Op, ...]:
+        found = moved.get(id(values))
+        if found is None:
+            found = moved[id(values)] = tuple(op(o) for o in values)
+        return found
+
+    # A copy's id maps to its template's Tensor (StageWorkload.tensors): the moved Tensor takes the key's id.
+    tensors = {tid + offset: Tensor(tid + offset, t.name, t.nbytes, t.category, t.dtype, t.shape, t.persistent)
                for tid, t in workload.tensors.items()}
-    microbatches = tuple(replace(mb, forward=tuple(op(o) for o in mb.forward),
-                                 backward=tuple(op(o) for o in mb.backward), inputs=ids(mb.inputs),
+    microbatches = tuple(replace(mb, forward=ops(mb.forward), backward=ops(mb.backward), inputs=ids(mb.inputs),
                                  stage_input=None if mb.stage_input is None else mb.stage_input + offset,
-                                 grad_output=None if mb.grad_output is None else mb.grad_output + offset)
+                                 grad_output=None if mb.grad_output is None else mb.grad_output + offset,
+                                 low=mb.low + offset if mb.shift else 0)
                          for mb in workload.microbatches)
     return replace(workload, tensors=tensors, persistent=ids(workload.persistent),
                    optimizer_state_ids=ids(workload.optimizer_state_ids), microbatches=microbatches,
@@ -373,13 +491,14 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO-2/3 with parallel.pp = {plan.pp} > 1 is not "
                         f"supported (DeepSpeed's PipelineEngine refuses it too; allowed with pp > 1: 0, 1)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
+    schedule_steps = schedule_program(schedule)
     if not full:
-        programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations)
-                    for stage in range(plan.pp)]
+        programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations,
+                                     schedule_steps=schedule_steps) for stage in range(plan.pp)]
         return programs, workloads
     programs = []
     for rank in range(plan.world_size):
         c = plan.coords(rank)
         programs.append(lower_stage_rank(plan, schedule, c.pp, workloads, device, warmup_iterations, iterations,
-                                         dp=c.dp, tp=c.tp))
+                                         dp=c.dp, tp=c.tp, schedule_steps=schedule_steps))
     return programs, workloads

@@ -123,12 +123,17 @@ class ParallelPlan:
     # ----- rank <-> coordinates -----------------------------------------------------------------------------
     def coords(self, rank: int) -> Coords:
         """The (dp, pp, tp) coordinates of `rank`."""
-        self._check_rank(rank)
+        if type(rank) is not int or not 0 <= rank < self.dp * self.tp * self.pp:   # fast path: a valid int
+            self._check_rank(rank)
         dp_s, pp_s, tp_s = self._strides
         return Coords(dp=rank // dp_s % self.dp, pp=rank // pp_s % self.pp, tp=rank // tp_s % self.tp)
 
     def rank_of(self, *, dp: int, pp: int, tp: int) -> int:
         """The rank at coordinates (dp, pp, tp)."""
+        dp_s, pp_s, tp_s = self._strides
+        if type(dp) is int and type(pp) is int and type(tp) is int \
+                and 0 <= dp < self.dp and 0 <= pp < self.pp and 0 <= tp < self.tp:     # fast path: valid ints
+            return dp * dp_s + pp * pp_s + tp * tp_s
         for axis, value in (("dp", dp), ("pp", pp), ("tp", tp)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.size(axis):
                 raise PlanError(f"{axis} = {value!r}: must be an integer in 0..{self.size(axis) - 1}")

@@ -16,11 +16,30 @@ RECV_STREAM = "pp_recv"       # pipeline receives
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Execute `op` on the stream: allocate its `allocs`, take `duration_s`, then free its `frees`."""
+    """Execute `op` on the stream: allocate its `allocs`, take `duration_s`, then free its `frees`.
+
+    A micro-batch copy shares its template's Op: tensor ids of `op.allocs` / `op.frees` at or above `low`
+    are moved by `shift` (ids below `low` are shared tensors: parameters, gradients). `shift = 0`: as is.
+    """
 
     op: Op
     duration_s: float
     iteration: int = 0
+    shift: int = 0
+    low: int = 0
+
+    def allocs(self) -> tuple[int, ...]:
+        """The tensor ids this run allocates."""
+        return moved_ids(self.op.allocs, self.shift, self.low) if self.shift else self.op.allocs
+
+    def frees(self) -> tuple[int, ...]:
+        """The tensor ids this run frees."""
+        return moved_ids(self.op.frees, self.shift, self.low) if self.shift else self.op.frees
+
+
+def moved_ids(ids: tuple[int, ...], shift: int, low: int) -> tuple[int, ...]:
+    """`ids` with those >= low moved by shift."""
+    return tuple([v + shift if v >= low else v for v in ids]) if ids else ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +78,18 @@ class Mark:
 
     label: str
     iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """Where a repeated period of memory calls may start (engine/repeats.py): the start of a micro-batch
+    copy's forward. Tensor ids in [low, high) belong to micro-batch copies; this one's are moved by `shift`
+    from its template's. `key` names the place in the schedule (only equal keys are compared)."""
+
+    key: str
+    shift: int
+    low: int
+    high: int
 
 
 def _check_size(what: str, name: str, size_bytes: object) -> None:
@@ -134,7 +165,7 @@ class Recv:
         _check_size("recv", self.name, self.size_bytes)
 
 
-Instruction = Run | Alloc | Free | Signal | WaitFor | Mark | Collective | Send | Recv
+Instruction = Run | Alloc | Free | Signal | WaitFor | Mark | Period | Collective | Send | Recv
 COMM_INSTRUCTIONS = (Collective, Send, Recv)
 
 

@@ -49,6 +49,11 @@ class StageSpec:
 class MicrobatchStage:
     """One micro-batch on a stage: forward ops, backward ops and the tensors exchanged with neighbours.
 
+    A copy (`shift` != 0) shares its template's Op objects: its tensor ids are the ids of those ops
+    that are >= `low`, moved by `shift` (ids below `low` are the stage's shared tensors: parameters,
+    gradients, communication buffers), and its ops' `microbatch` field is the template's. `resolved()`
+    builds the ops with the copy's own ids; the lowering emits `Run(op, ..., shift, low)` instead.
+
     Attributes:
         forward: ops up to the stage output (or the loss).
         backward: the loss seed (last stage only) then the backward ops.
@@ -57,6 +62,8 @@ class MicrobatchStage:
         grad_output: the gradient of the stage output received from the next stage (None on the last).
         output_bytes: bytes of the stage output (sent forward; 0 on the last stage).
         input_grad_bytes: bytes of the gradient of `stage_input` (sent backward; 0 on the first stage).
+        shift, low: how the ids of `forward` / `backward` map to this micro-batch's (0, 0: as they are).
+        index: the micro-batch's index (its ops' `microbatch` once resolved).
     """
 
     forward: tuple[Op, ...]
@@ -66,14 +73,39 @@ class MicrobatchStage:
     grad_output: int | None
     output_bytes: int
     input_grad_bytes: int
-    # The micro-batch whose ops these are with tensor ids moved by a constant (-1: recorded, or changed
-    # after copying); the lowering times a copy's ops by its original's (the durations are identical).
+    # The recorded micro-batch whose ops a copy shares (-1: recorded, or given its own ops after copying).
     copy_of: int = field(default=-1, compare=False)
+    shift: int = 0
+    low: int = 0
+    index: int = 0
+
+    def resolved(self) -> MicrobatchStage:
+        """This micro-batch with its own ops (ids moved, `microbatch` = `index`); itself if not a copy."""
+        if not self.shift:
+            return self
+        return replace(self, forward=_moved_ops(self.forward, self.shift, self.low, self.index),
+                       backward=_moved_ops(self.backward, self.shift, self.low, self.index), shift=0, low=0)
+
+
+def _moved_ops(ops: tuple[Op, ...], shift: int, low: int, index: int) -> tuple[Op, ...]:
+    """`ops` with their tensor ids >= `low` moved by `shift` and micro-batch `index`."""
+
+    def ids(values: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple([v + shift if v >= low else v for v in values]) if values else values
+
+    return tuple([Op(o.name, o.op_class, o.phase, o.flops, o.bytes_read, o.bytes_written, o.dtype, o.gemm_mnk,
+                     o.gemm_batch, ids(o.inputs), ids(o.outputs), ids(o.allocs), ids(o.frees), o.layer, index,
+                     o.collective, o.group, o.comm_bytes) for o in ops])
 
 
 @dataclass
 class StageWorkload:
-    """Everything one pipeline stage does in an iteration (one rank of the stage, tp-sharded)."""
+    """Everything one pipeline stage does in an iteration (one rank of the stage, tp-sharded).
+
+    `tensors` maps every tensor id to its Tensor; the id of a micro-batch copy (MicrobatchStage.shift)
+    maps to its template's Tensor object, whose name, size, category, dtype and shape it has but whose
+    `.id` is the template's: take ids from the keys (nothing reads `.id` of a copy's entry).
+    """
 
     tensors: dict[int, Tensor]
     persistent: tuple[int, ...]
@@ -100,31 +132,25 @@ class _Template:
     index: int
 
     def copy(self, index: int, base: int, into: dict[int, Tensor]) -> MicrobatchStage:
-        """Micro-batch `index` with its block at `base`; adds its tensors to `into`.
+        """Micro-batch `index` with its block at `base`, sharing the template's ops; adds its tensors to `into`.
 
-        Ops and tensors are built with positional constructors (dataclasses.replace costs ~2x more, and a
-        stage at global batch 1,536 copies ~80 k ops).
+        Its tensor ids map to the template's Tensor objects (StageWorkload.tensors): building a Tensor per
+        id cost ~2.5 us, 4-6 s for the ~1.8 M copied ids of GPT-3 175B at global batch 1,536.
         """
         shift = base - self.base
         low = self.base
-
-        def ids(values: tuple[int, ...]) -> tuple[int, ...]:
-            return tuple([v + shift if v >= low else v for v in values]) if values else values
-
-        def op(o: Op) -> Op:
-            return Op(o.name, o.op_class, o.phase, o.flops, o.bytes_read, o.bytes_written, o.dtype, o.gemm_mnk,
-                      o.gemm_batch, ids(o.inputs), ids(o.outputs), ids(o.allocs), ids(o.frees), o.layer, index,
-                      o.collective, o.group, o.comm_bytes)
-
-        for tid, t in self.tensors.items():
-            into[tid + shift] = Tensor(tid + shift, t.name, t.nbytes, t.category, t.dtype, t.shape, t.persistent)
+        into.update(zip([tid + shift for tid in self.tensors], self.tensors.values()))
         mb = self.microbatch
+
+        def moved(value: int) -> int:
+            return value + shift if value >= low else value
+
         return MicrobatchStage(
-            forward=tuple([op(o) for o in mb.forward]), backward=tuple([op(o) for o in mb.backward]),
-            inputs=ids(mb.inputs), stage_input=None if mb.stage_input is None else ids((mb.stage_input,))[0],
-            grad_output=None if mb.grad_output is None else ids((mb.grad_output,))[0],
+            forward=mb.forward, backward=mb.backward, inputs=tuple([moved(v) for v in mb.inputs]),
+            stage_input=None if mb.stage_input is None else moved(mb.stage_input),
+            grad_output=None if mb.grad_output is None else moved(mb.grad_output),
             output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes,
-            copy_of=mb.copy_of if mb.copy_of >= 0 else self.index)
+            copy_of=mb.copy_of if mb.copy_of >= 0 else self.index, shift=shift, low=low, index=index)
 
 
 def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], int]:
@@ -161,7 +187,8 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             unless `spec.first`.
         replay_all: record every micro-batch on its own tape. By default only the micro-batches up to
             the first one after `first_backward` (and after 0) are recorded; the later ones are that
-            one's copy with its tensor ids moved to their own block (the same ops, allocs and frees).
+            one's copy with its tensor ids moved to their own block (the same Op objects, with
+            `MicrobatchStage.shift` / `low` saying how their ids move).
         sync_microbatch: the micro-batch whose backward runs last on this stage (it reduces the
             gradients when recipe.dp > 1); default the last one.
 
@@ -260,7 +287,7 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             stage_input=None if received is None else received.id,
             grad_output=None if spec.last else seed,
             output_bytes=0 if spec.last else loss.nbytes,
-            input_grad_bytes=0 if received is None else received.nbytes))
+            input_grad_bytes=0 if received is None else received.nbytes, index=j))
         end = max(max(tensors) + 1, tape.next_tensor_id)
         if j > 0 and j > first_backward and replay_all is False:
             block = {tid: t for tid, t in tensors.items() if tid >= next_id}
@@ -309,7 +336,7 @@ def _data_parallel(workload: StageWorkload, recipe: Recipe, profile: KernelProfi
                               profile.device_kind == "cpu", dts.param, dts.master)
     tensors = dict(workload.tensors)
     sync = prepare_sync(setup, params, tensors, ids)
-    mb = workload.microbatches[sync_microbatch]
+    mb = workload.microbatches[sync_microbatch].resolved()     # a copy gets its own ops (their ids change)
     backward = reduce_gradients(list(mb.backward), landings[sync_microbatch], setup, sync,
                                 landings[first_backward].grad_id, allocate_shard=True)
     microbatches = list(workload.microbatches)

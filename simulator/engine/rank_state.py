@@ -1,0 +1,142 @@
+"""One rank's state while the executor runs it: memory, spans, events, blocked and parked streams, quiet test."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import simpy
+
+from simulator.engine.allocator import Allocator
+from simulator.engine.memory import RankMemory
+from simulator.parallel.program import Collective, Program, Recv, Send, Signal, WaitFor
+from simulator.trace.records import RankTrace, Span
+
+if TYPE_CHECKING:
+    from simulator.engine.executor import EngineOptions
+
+COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
+
+
+class RankState:
+    """One simulated rank while it runs: its memory, trace, events, blocked streams and inline plans."""
+
+    def __init__(self, program: Program, allocator: Allocator, capacity_bytes: int,
+                 options: EngineOptions, env: simpy.Environment):
+        stream_ids = {name: i for i, name in enumerate(program.streams)}
+        self.program = program
+        self.memory = RankMemory(allocator, program.tensors, stream_ids, options.record_timeline, options.repeats)
+        self.trace = RankTrace(program.rank, program.device, capacity_bytes)
+        self.spans: dict[str, list[Span]] = {name: [] for name in program.streams}   # per stream, in order
+        self.done: set[str] = set()                  # streams that finished
+        self.events: dict[str, simpy.Event] = {}
+        self.signal_time: dict[str, float] = {}      # event -> when a stream signalled it (maybe ahead of now)
+        self.env = env
+        self.failed = False
+        self.marks: list[tuple[str, int, float]] = []
+        self.blocked: dict[str, tuple[int, object, object]] = {}    # stream -> (index, instruction, why)
+        self.comm_streams: dict[str, None] = {}
+        self.comm_signalled: dict[str, str] = {}     # event -> the communication stream that signalled it
+        self.stream_transfers: dict[str, list[tuple[float, float]]] = {}   # comm stream -> transfer times
+        self.comm_intervals: list[tuple[float, float]] = []
+        self.exposed_intervals: list[tuple[float, float]] = []
+        self.waiters: dict[str, int] = {}            # event -> WaitFor instructions on it (all streams)
+        waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
+        signallers: dict[str, set[str]] = {}         # event -> streams that signal it
+        signals: dict[str, list[int]] = {}           # stream -> indices of its Signals
+        waiters = self.waiters
+        for name, instructions in program.streams.items():
+            mine = signals[name] = []
+            for index, instruction in enumerate(instructions):
+                kind = type(instruction)
+                if kind is WaitFor:
+                    waiters[instruction.event] = waiters.get(instruction.event, 0) + 1
+                    waiting[instruction.event] = (name, index)
+                elif kind is Signal:
+                    signallers.setdefault(instruction.event, set()).add(name)
+                    mine.append(index)
+        self.wait_stream = {event: where[0] for event, where in waiting.items() if self.waiters[event] == 1}
+        # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
+        # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
+        self.inline_plans: dict[str, tuple[str, int]] = {}
+        self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
+        self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
+        if options.inline_collectives:
+            self._plan_inline(waiting, signallers, signals.get(COMPUTE_STREAM, []))
+
+    def _plan_inline(self, waiting: dict[str, tuple[str, int]], signallers: dict[str, set[str]],
+                     compute_signals: list[int]) -> None:
+        streams = self.program.streams
+        compute = streams.get(COMPUTE_STREAM, ())
+        for i in compute_signals:
+            if i + 1 >= len(compute):
+                continue
+            signal, wait = compute[i], compute[i + 1]
+            if type(wait) is not WaitFor or self.waiters.get(wait.event) != 1:
+                continue
+            where = waiting.get(signal.event)
+            if where is None or where[0] == COMPUTE_STREAM or self.waiters[signal.event] != 1:
+                continue
+            name, k = where
+            other = streams[name]
+            if not (k + 2 < len(other) and type(other[k + 1]) is Collective and type(other[k + 2]) is Signal
+                    and other[k + 2].event == wait.event):
+                continue
+            # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
+            # so parking it until then changes nothing.
+            after = other[k + 3] if k + 3 < len(other) else None
+            if after is None or (type(after) is WaitFor and self.waiters.get(after.event) == 1
+                                 and signallers.get(after.event) == {COMPUTE_STREAM}):
+                self.inline_plans[signal.event] = (name, k)
+
+    def quiet(self) -> bool:
+        """Whether no stream but the compute stream can touch this rank's memory, marks or periods before the
+        compute stream next yields: each is finished, parked, or blocked (on an event not signalled yet, or
+        in a transfer) with nothing but sends, signals to the compute stream and effect-free communication
+        ahead of it until it must wait again. The compute stream may then run past other ranks' events: what
+        they do reaches this rank only through events it waits for (docs/engine.md)."""
+        for name in self.program.streams:
+            if name == COMPUTE_STREAM or name in self.done or name in self.parked:
+                continue
+            where = self.blocked.get(name)
+            if where is None:
+                return False                      # runnable: scheduled to go on
+            index, instruction, pending = where
+            if pending is None:
+                if not self.events[instruction.event].triggered:
+                    continue
+            elif type(instruction) is Collective and instruction.frees:
+                return False
+            if not self._effect_free(name, index + 1):
+                return False
+        return True
+
+    def _effect_free(self, name: str, start: int) -> bool:
+        """The instructions of stream `name` from `start` up to its next blocking wait touch nothing rank-local."""
+        instructions = self.program.streams[name]
+        for instruction in instructions[start:start + 8]:
+            kind = type(instruction)
+            if kind is WaitFor:
+                event = self.events.get(instruction.event)
+                if event is None or not event.triggered:
+                    return True
+            elif kind is Signal:
+                if self.wait_stream.get(instruction.event, COMPUTE_STREAM) != COMPUTE_STREAM \
+                        or self.waiters.get(instruction.event, 0) > 1:
+                    return False
+            elif kind is Send or (kind is Recv and not instruction.allocs) \
+                    or (kind is Collective and not instruction.allocs and not instruction.frees):
+                continue
+            else:
+                return False
+        return len(instructions) - start <= 8
+
+    def release(self, stream: str, time_s: float) -> None:
+        """Wake a parked stream at `time_s`; it goes on from its cursor."""
+        event = self.event(self.parked.pop(stream))
+        if not event.triggered:
+            self.env.trigger_at(event, time_s)
+
+    def event(self, name: str) -> simpy.Event:
+        if name not in self.events:
+            self.events[name] = self.env.event()
+        return self.events[name]
