@@ -125,13 +125,20 @@ class Collective:
         if self.kind not in COLLECTIVE_KINDS:
             raise PlanError(f"collective {self.name!r}: kind = {self.kind!r} must be one of "
                             f"{', '.join(COLLECTIVE_KINDS)}")
-        if not isinstance(self.group, tuple) or not self.group:
-            raise PlanError(f"collective {self.name!r}: group = {self.group!r} must be a non-empty tuple of ranks")
-        for rank in self.group:
-            _check_rank("collective", self.name, "group", rank)
-        if len(set(self.group)) != len(self.group):
-            raise PlanError(f"collective {self.name!r}: group = {self.group!r} must list every rank once")
+        if _VALID_GROUPS.get(id(self.group)) is not self.group:
+            if not isinstance(self.group, tuple) or not self.group:
+                raise PlanError(f"collective {self.name!r}: group = {self.group!r} must be a non-empty tuple of "
+                                f"ranks")
+            for rank in self.group:
+                _check_rank("collective", self.name, "group", rank)
+            if len(set(self.group)) != len(self.group):
+                raise PlanError(f"collective {self.name!r}: group = {self.group!r} must list every rank once")
+            # A lowering posts the same few group objects hundreds of thousands of times: check each once.
+            _VALID_GROUPS[id(self.group)] = self.group
         _check_size("collective", self.name, self.size_bytes)
+
+
+_VALID_GROUPS: dict[int, tuple[int, ...]] = {}     # id -> the checked group (kept alive, so ids are not reused)
 
 
 @dataclass(frozen=True, slots=True)
