@@ -366,10 +366,10 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
 def _copy_region(workload: StageWorkload) -> tuple[int, int]:
     """[low, high): the tensor ids of the template micro-batch and its copies (workload/stage.py lays them out
     as consecutive blocks of one span; shared and later ids lie outside)."""
-    copies = [mb for mb in workload.microbatches if mb.shift]
-    span = min(mb.shift for mb in copies)
-    template = min(mb.index for mb in copies) - 1
-    return copies[0].low, copies[0].low + span * (len(workload.microbatches) - template)
+    first = next(mb for mb in workload.microbatches if mb.shift)
+    template = first.copy_of                     # copy j's block starts (j - template) spans after the template's
+    span = first.shift // (first.index - template)
+    return first.low, first.low + span * (len(workload.microbatches) - template)
 
 
 def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int, StageWorkload],
