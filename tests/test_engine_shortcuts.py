@@ -23,6 +23,7 @@ CASES = [
     (2, 16, {"tp": 8, "pp": 2, "dp": 1, "schedule": "interleaved-1f1b", "virtual_stages": 2}),
     (1, 16, {"tp": 2, "pp": 4, "dp": 1, "schedule": "gpipe"}),
     (1, 16, {"tp": 1, "pp": 4, "dp": 2, "schedule": "zb-h1"}),
+    (1, 16, {"tp": 2, "pp": 2, "dp": 2, "zero_stage": 1}),
 ]
 
 

@@ -218,8 +218,10 @@ def _counter_events(pid: int, samples: list[MemorySample]) -> list[dict]:
         ts = _us(_ns(sample.time_s))
         events.append({"ph": "C", "name": "memory", "pid": pid, "ts": ts,
                        "args": {"allocated": sample.allocated, "reserved": sample.reserved}})
-        by_category = {name: (sample.by_category[i] if i < len(sample.by_category) else 0)
-                       for i, name in enumerate(CATEGORIES)}
+        values = sample.by_category
+        if len(values) != len(CATEGORIES):
+            values = tuple(values[:len(CATEGORIES)]) + (0,) * (len(CATEGORIES) - len(values))
+        by_category = dict(zip(CATEGORIES, values))
         events.append({"ph": "C", "name": "memory by category", "pid": pid, "ts": ts,
                        "args": by_category})
     return events
