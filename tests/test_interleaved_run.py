@@ -10,40 +10,17 @@ from typer.testing import CliRunner
 
 from simulator.cli import app
 from simulator.hardware.catalog import get_device
+from tiny_scenarios import tiny_gpt_on_4090s
 
 P, V, M = 2, 2, 4          # pipeline stages, virtual stages (chunks per stage), micro-batches
 
 # A tiny GPT, 8 layers, tp 2 × pp 2 on four RTX 4090s; global batch 4 / micro-batch 1 = M micro-batches.
-TINY_GPT = f"""\
-name = "tiny-interleaved"
-
-[model]
-architecture = "gpt"
-num_layers = 8
-hidden_size = 64
-num_attention_heads = 4
-vocab_size = 512
-seq_length = 32
-dropout = 0.0
-
-[training]
-micro_batch_size = 1
-global_batch_size = {M}
-precision = "bf16-mixed"
-
-[parallel]
+TINY_GPT = tiny_gpt_on_4090s("tiny-interleaved", layers=8, global_batch=M, parallel=f"""
 tp = 2
 pp = {P}
 schedule = "interleaved-1f1b"
 virtual_stages = {V}
-
-[cluster]
-topology = "pcie-4x4090"
-
-[run]
-warmup_iterations = 0
-iterations = 1
-"""
+""", warmup_iterations=0)
 ONE_F_ONE_B = ("parallel.schedule=1f1b", "parallel.virtual_stages=1")
 
 

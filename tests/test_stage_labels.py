@@ -13,38 +13,13 @@ from simulator.parallel.plan import Coords
 from simulator.report.plots import panel_titles, render_memory_png
 from simulator.trace.chrome import chrome_trace
 from simulator.trace.records import MemorySample, RankTrace, Span, Trace
+from tiny_scenarios import tiny_gpt_on_4090s
 
 GIB = 2**30
 DEVICE = "rtx-4090"
 
-TINY_GPT_TP2_PP2 = """\
-name = "tiny-tp2-pp2"
-
-[model]
-architecture = "gpt"
-num_layers = 4
-hidden_size = 64
-num_attention_heads = 4
-vocab_size = 512
-seq_length = 32
-dropout = 0.0
-
-[training]
-micro_batch_size = 1
-global_batch_size = 4
-precision = "bf16-mixed"
-
-[parallel]
-tp = 2
-pp = 2
-
-[cluster]
-topology = "pcie-4x4090"
-
-[run]
-warmup_iterations = 1
-iterations = 1
-"""
+TINY_GPT_TP2_PP2 = tiny_gpt_on_4090s("tiny-tp2-pp2", layers=4, global_batch=4, parallel="tp = 2\npp = 2",
+                                     warmup_iterations=1)
 
 
 def _trace(ranks: list[int]) -> Trace:

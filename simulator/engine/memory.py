@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from simulator.engine.allocator import Allocator, OutOfMemory
 from simulator.engine.repeats import ALLOC, BOUNDARY, FREE, RecordedCall, Recording, Skipping, absolute, relative
-from simulator.parallel.program import Period, moved_ids
+from simulator.parallel.program import Period
 from simulator.trace.records import MemorySample, OomInfo
-from simulator.workload.graph import CATEGORIES, Tensor
+from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
 
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 UNBOUNDED_BYTES = 1 << 44     # capacity after an OOM (16 TiB): keep simulating to measure the requirement

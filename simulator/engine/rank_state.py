@@ -42,10 +42,9 @@ class RankState:
         self.waiters: dict[str, int] = {}            # event -> WaitFor instructions on it (all streams)
         waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
         signallers: dict[str, set[str]] = {}         # event -> streams that signal it
-        signals: dict[str, list[int]] = {}           # stream -> indices of its Signals
+        compute_signals: list[int] = []              # indices of the compute stream's Signals
         waiters = self.waiters
         for name, instructions in program.streams.items():
-            mine = signals[name] = []
             for index, instruction in enumerate(instructions):
                 kind = type(instruction)
                 if kind is WaitFor:
@@ -53,7 +52,8 @@ class RankState:
                     waiting[instruction.event] = (name, index)
                 elif kind is Signal:
                     signallers.setdefault(instruction.event, set()).add(name)
-                    mine.append(index)
+                    if name == COMPUTE_STREAM:
+                        compute_signals.append(index)
         self.wait_stream = {event: where[0] for event, where in waiting.items() if self.waiters[event] == 1}
         # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
@@ -61,7 +61,7 @@ class RankState:
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         if options.inline_collectives:
-            self._plan_inline(waiting, signallers, signals.get(COMPUTE_STREAM, []))
+            self._plan_inline(waiting, signallers, compute_signals)
 
     def _plan_inline(self, waiting: dict[str, tuple[str, int]], signallers: dict[str, set[str]],
                      compute_signals: list[int]) -> None:

@@ -37,7 +37,7 @@ from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, A
                                         WaitFor)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
-from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor
+from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor, moved_ids
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import StageSpec, StageWorkload, build_stage
 from simulator.workload.training import IterationWorkload, Recipe
@@ -123,9 +123,8 @@ class _Streams:
         done = f"{done_label}#{self.count}"
         self.compute.append(Signal(ready))
         allocs, frees = op.allocs, op.frees
-        if shift:       # as Run.allocs() / Run.frees()
-            allocs = tuple([v + shift if v >= low else v for v in allocs])
-            frees = tuple([v + shift if v >= low else v for v in frees])
+        if shift:
+            allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
         if allocs == op.allocs and frees == op.frees:
             # Instructions are values: every micro-batch's post of this op in this iteration is the same one.
             key = (id(op), iteration)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from simulator.errors import PlanError
-from simulator.workload.graph import Op, Tensor
+from simulator.workload.graph import Op, Tensor, moved_ids
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
 COMM_STREAM = "comm"          # collectives (DDP buckets, ZeRO, TP when overlapped)
@@ -37,9 +37,6 @@ class Run:
         return moved_ids(self.op.frees, self.shift, self.low) if self.shift else self.op.frees
 
 
-def moved_ids(ids: tuple[int, ...], shift: int, low: int) -> tuple[int, ...]:
-    """`ids` with those >= low moved by shift."""
-    return tuple([v + shift if v >= low else v for v in ids]) if ids else ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,11 @@ OPTIMIZER_STEP = "optimizer"
 PHASES = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER_STEP)
 
 
+def moved_ids(ids: tuple[int, ...], shift: int, low: int) -> tuple[int, ...]:
+    """`ids` with those >= low moved by shift (a micro-batch copy's ids from its template's)."""
+    return tuple([v + shift if v >= low else v for v in ids]) if ids else ids
+
+
 @dataclass(frozen=True, slots=True)
 class Tensor:
     """A buffer the program allocates and frees: its size, dtype and memory category.

@@ -25,7 +25,7 @@ from simulator.errors import PlanError
 from simulator.workload.data_parallel import (
     DataParallelSetup, LandingPolicy, ParamInfo, prepare_sync, reduce_gradients, sharded_step,
 )
-from simulator.workload.graph import ACTIVATIONS, DTYPE_BYTES, GRADIENTS, OTHER, Op, Tensor
+from simulator.workload.graph import ACTIVATIONS, DTYPE_BYTES, GRADIENTS, OTHER, Op, Tensor, moved_ids
 from simulator.workload.optimizers import IdSource
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
@@ -89,12 +89,9 @@ class MicrobatchStage:
 
 def _moved_ops(ops: tuple[Op, ...], shift: int, low: int, index: int) -> tuple[Op, ...]:
     """`ops` with their tensor ids >= `low` moved by `shift` and micro-batch `index`."""
-
-    def ids(values: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple([v + shift if v >= low else v for v in values]) if values else values
-
     return tuple([Op(o.name, o.op_class, o.phase, o.flops, o.bytes_read, o.bytes_written, o.dtype, o.gemm_mnk,
-                     o.gemm_batch, ids(o.inputs), ids(o.outputs), ids(o.allocs), ids(o.frees), o.layer, index,
+                     o.gemm_batch, moved_ids(o.inputs, shift, low), moved_ids(o.outputs, shift, low),
+                     moved_ids(o.allocs, shift, low), moved_ids(o.frees, shift, low), o.layer, index,
                      o.collective, o.group, o.comm_bytes) for o in ops])
 
 

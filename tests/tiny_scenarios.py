@@ -1,0 +1,35 @@
+"""A tiny GPT on four RTX 4090s as a scenario file, for tests that run multi-GPU plans through `memsim run`."""
+
+from __future__ import annotations
+
+
+def tiny_gpt_on_4090s(name: str, layers: int, global_batch: int, parallel: str, warmup_iterations: int) -> str:
+    """Scenario TOML: GPT (hidden 64, 4 heads, vocab 512, seq 32, no dropout), micro-batch 1, bf16-mixed,
+    pcie-4x4090, one measured iteration; `parallel` is the body of the [parallel] section."""
+    return f"""\
+name = "{name}"
+
+[model]
+architecture = "gpt"
+num_layers = {layers}
+hidden_size = 64
+num_attention_heads = 4
+vocab_size = 512
+seq_length = 32
+dropout = 0.0
+
+[training]
+micro_batch_size = 1
+global_batch_size = {global_batch}
+precision = "bf16-mixed"
+
+[parallel]
+{parallel.strip()}
+
+[cluster]
+topology = "pcie-4x4090"
+
+[run]
+warmup_iterations = {warmup_iterations}
+iterations = 1
+"""
