@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -166,6 +167,10 @@ def presets() -> None:
 def main() -> None:
     """Console-script entry point."""
     code: int | str | None = 0
+    # No cyclic garbage collection in a command-line run: the process ends right after the command, and a
+    # cluster-scale simulation's millions of objects (ops, instructions, spans, samples) live until then, so
+    # each collection pass (the first ones right after simulate_multi re-enables it) walks them for nothing.
+    gc.disable()
     try:
         app(standalone_mode=True)
     except SystemExit as done:

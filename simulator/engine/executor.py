@@ -12,10 +12,12 @@ import simpy.core
 
 from simulator.engine.allocator import Allocator
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
+from simulator.engine.stretches import Stretches
+from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.errors import DeadlockError, TopologyError
 from simulator.parallel.program import (Alloc, Collective, Free, Mark, Period, Program, Recv, Run, Send,
                                         Signal, WaitFor)
-from simulator.trace.records import COMM_PHASE, Span, Trace
+from simulator.trace.records import COMM_PHASE, Trace
 from simulator.workload.graph import CATEGORIES
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ class EngineOptions:
     rank_lookahead: bool = True     # ... also past other ranks' events while this rank's other streams are quiet
     inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
     repeats: bool = True            # replay repeated periods of memory calls instead of the allocator (exact)
+    stretches: bool = True          # ... and, in them, repeated stretches of runs and inlined collectives (exact)
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,9 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     """
     env = _Environment()
     states = [RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
+    if options.stretches and options.repeats:
+        for state in states:
+            state.stretches = Stretches()
     world = _World(env, programs, topology, plan if options.shadow_traffic else None,
                    options.isolated_collectives)
     finished: list[str] = []
@@ -228,6 +234,11 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             return
         kind = type(instruction)
         if kind is Run:
+            if lookahead and own and may_go_on():
+                # Nothing can make this stream yield before its next instruction that is neither a run nor an
+                # inlined collective: run that stretch in a tight loop (the same steps as below, in order).
+                index, now = _run_stretch(state, world, instructions, index - 1, now, record_spans)
+                continue
             op = instruction.op
             start = now
             if op.allocs:
@@ -240,8 +251,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                     own = ahead
                     quiet = None
             if record_spans:
-                spans.append(Span(rank, stream, op.name, op.op_class, op.phase, start, now, op.flops,
-                                  op.bytes_read + op.bytes_written, instruction.iteration))
+                spans += (instruction, start, now)      # engine/timelines.py makes the Span when read
             if op.frees:
                 memory.run_free(op.frees, instruction.shift, instruction.low, now, op.name)
         elif kind is Alloc:
@@ -302,9 +312,11 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                 yield env.at(now)     # the network model works at env.now
                 quiet = None
             state.comm_streams[stream] = None
-            allocs = instruction.allocs if kind is not Send else ()
-            if allocs:
-                memory.allocate(allocs, stream, now, instruction.name)
+            if kind is Collective:
+                if instruction.allocs:
+                    memory.collective_allocate(instruction, stream, now)
+            elif kind is Recv and instruction.allocs:
+                memory.allocate(instruction.allocs, stream, now, instruction.name)
             network = world.network(rank, instruction)
             if kind is Collective:
                 pending = network.collective(rank, instruction)
@@ -329,16 +341,70 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                 if stream == COMPUTE_STREAM:
                     state.exposed_intervals.append((started, now))
             if record_spans:
-                spans.append(Span(rank, stream, instruction.name, span_kind, COMM_PHASE, started, now,
-                                  0.0, int(instruction.size_bytes), instruction.iteration))
+                spans += (((rank, stream, instruction.name, span_kind, COMM_PHASE),
+                           (0.0, int(instruction.size_bytes), instruction.iteration)), started, now)
             if kind is Collective and instruction.frees:
-                memory.free(instruction.frees, now, instruction.name)
+                memory.collective_free(instruction, now)
     for parked in list(state.parked) if stream == COMPUTE_STREAM else ():
         state.release(parked, now)
     if now > env.now:
         yield env.at(now)        # the simulation ends when the last stream's clock does
     finished.append(stream)
     state.done.add(stream)
+
+
+def _run_stretch(state: RankState, world: _World, instructions, index: int, now_s: float,
+                 record_spans: bool) -> tuple[int, float]:
+    """Run the compute stream's instructions from `index` (a Run) while they are runs or collectives it can
+    inline; returns the index of the first one it did not run and the clock. The caller checked that the
+    stream woke alone and its rank is quiet (EngineOptions.rank_lookahead), which stays true throughout: a run
+    or an inlined collective wakes nobody, so the general loop would not yield in between either."""
+    stretches = state.stretches
+    watched = None
+    if stretches is not None:
+        done = stretches.replay(state, world.network_model, instructions, index, now_s)
+        if done is not None:
+            return done
+        watched = stretches.watch(state, world.network_model, instructions, index, now_s)
+    memory = state.memory
+    run_allocate, run_free = memory.run_allocate, memory.run_free
+    spans = state.spans[COMPUTE_STREAM]
+    inline_plans = state.inline_plans
+    count = len(instructions)
+    now = now_s
+    while index < count:
+        instruction = instructions[index]
+        kind = type(instruction)
+        if kind is Run:
+            index += 1
+            op = instruction.op
+            start = now
+            if op.allocs:
+                run_allocate(op.allocs, instruction.shift, instruction.low, COMPUTE_STREAM, start, op.name)
+            duration = instruction.duration_s
+            if duration > 0:
+                now = start + duration
+            if record_spans:
+                spans += (instruction, start, now)
+            if op.frees:
+                run_free(op.frees, instruction.shift, instruction.low, now, op.name)
+        elif kind is Signal:
+            plan = inline_plans.get(instruction.event)
+            if plan is None:
+                break
+            end = _inline(state, world, plan, instruction.event, now)
+            if end is None:
+                break
+            index += 2                # the Signal and the WaitFor(done) that follows
+            start = now
+            if end > now:
+                now = end
+            _finish_inline(state, plan, start, now, record_spans)
+        else:
+            break
+    if watched is not None:
+        stretches.learn(watched, state, world.network_model, instructions, index, now)
+    return index, now
 
 
 def _inline(state: RankState, world: _World, plan: tuple[str, int], ready: str, now_s: float) -> float | None:
@@ -361,8 +427,10 @@ def _inline(state: RankState, world: _World, plan: tuple[str, int], ready: str, 
     elif cursor != k:
         return None
     instructions = state.program.streams[name]
-    if k + 3 < len(instructions) and state.event(instructions[k + 3].event).triggered:
-        return None       # the stream would go on at once after the collective
+    if k + 3 < len(instructions):
+        after = state.events.get(instructions[k + 3].event)     # not made yet: not signalled yet
+        if after is not None and after.triggered:
+            return None       # the stream would go on at once after the collective
     collective = instructions[k + 1]
     rank = state.program.rank
     duration = world.network(rank, collective).inline_duration_s(rank, collective)
@@ -373,7 +441,7 @@ def _inline(state: RankState, world: _World, plan: tuple[str, int], ready: str, 
     state.cursor[name] = k + 3
     state.comm_streams[name] = None
     if collective.allocs:
-        state.memory.allocate(collective.allocs, name, now_s, collective.name)
+        state.memory.collective_allocate(collective, name, now_s)
     return now_s + duration
 
 
@@ -387,10 +455,10 @@ def _finish_inline(state: RankState, plan: tuple[str, int], start_s: float, end_
         state.comm_intervals.append((start_s, end_s))
         state.stream_transfers.setdefault(name, []).append((start_s, end_s))
     if record_spans:
-        state.spans[name].append(Span(state.program.rank, name, collective.name, collective.kind, COMM_PHASE,
-                                      start_s, end_s, 0.0, int(collective.size_bytes), collective.iteration))
+        state.spans[name] += (((state.program.rank, name, collective.name, collective.kind, COMM_PHASE),
+                               (0.0, int(collective.size_bytes), collective.iteration)), start_s, end_s)
     if collective.frees:
-        state.memory.free(collective.frees, end_s, collective.name)
+        state.memory.collective_free(collective, end_s)
     if end_s > start_s:
         state.exposed_intervals.append((start_s, end_s))     # the compute stream waited all along
     if state.cursor[name] >= len(state.program.streams[name]):
@@ -431,8 +499,8 @@ def _collect(states: list[RankState], end_time_s: float) -> EngineTrace:
         memory = state.memory
         memory.catch_up()
         trace = state.trace
-        trace.spans = [span for name in state.program.streams for span in state.spans[name]]
-        trace.memory = memory.samples
+        trace.spans = SpanColumns(state.program.rank, [(name, state.spans[name]) for name in state.program.streams])
+        trace.memory = SampleColumns(memory.samples)
         trace.allocator_events = memory.allocator.events
         trace.final_segments = memory.allocator.segments()
         trace.oom = memory.first_oom

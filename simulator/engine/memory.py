@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from operator import gt
+
 from simulator.engine.allocator import Allocator, OutOfMemory
 from simulator.engine.repeats import ALLOC, BOUNDARY, FREE, RecordedCall, Recording, Skipping, absolute, relative
-from simulator.parallel.program import Period
-from simulator.trace.records import MemorySample, OomInfo
+from simulator.parallel.program import Collective, Period
+from simulator.trace.records import OomInfo
 from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
 
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
@@ -24,7 +26,7 @@ class RankMemory:
         self.handles: dict[int, int] = {}
         self.bytes_of: dict[int, int] = {}
         self.by_category = [0] * len(CATEGORIES)
-        self.samples: list[MemorySample] = []
+        self.samples: list = []      # flat (time_s, allocated, reserved, by_category) quadruples (engine/timelines.py)
         self.peak_allocated = -1
         self.peak_reserved = 0
         self.peak_time_s = 0.0
@@ -41,16 +43,44 @@ class RankMemory:
     def run_allocate(self, op_ids: tuple[int, ...], shift: int, low: int, stream: str, time_s: float,
                      op: str) -> None:
         """allocate() for a Run: its op's ids, those >= low moved by shift (a micro-batch copy)."""
-        if self._skipping is not None and self._replayed_run(ALLOC, op_ids, shift, self.stream_ids[stream], time_s,
-                                                             op):
-            return
-        self.allocate(moved_ids(op_ids, shift, low) if shift else op_ids, stream, time_s, op, (op_ids, shift))
+        if self._skipping is None or not self._replayed_run(ALLOC, op_ids, shift, self.stream_ids[stream], time_s, op):
+            self.allocate(moved_ids(op_ids, shift, low) if shift else op_ids, stream, time_s, op, (op_ids, shift))
 
     def run_free(self, op_ids: tuple[int, ...], shift: int, low: int, time_s: float, op: str) -> None:
         """free() for a Run (see run_allocate)."""
-        if self._skipping is not None and self._replayed_run(FREE, op_ids, shift, 0, time_s, op):
-            return
-        self.free(moved_ids(op_ids, shift, low) if shift else op_ids, time_s, op, (op_ids, shift))
+        if self._skipping is None or not self._replayed_run(FREE, op_ids, shift, 0, time_s, op):
+            self.free(moved_ids(op_ids, shift, low) if shift else op_ids, time_s, op, (op_ids, shift))
+
+    def _replayed_run(self, kind: int, op_ids: tuple[int, ...], shift: int, stream_id: int, time_s: float,
+                      op: str) -> bool:
+        """The fast match of a replayed period's next call: the recorded call came from the same op ids moved
+        by the same distance from the reference (so its relative ids are equal); replay it. False: no match
+        (the general path then tries relative ids)."""
+        skipping = self._skipping
+        calls = skipping.calls
+        if skipping.position < len(calls):
+            call = calls[skipping.position]
+            if call.template is op_ids and call.delta == shift - skipping.reference and call.kind == kind \
+                    and call.op == op and call.stream == stream_id:
+                self._replay(call, time_s, op)
+                return True
+        return False
+
+    def collective_allocate(self, collective: Collective, stream: str, time_s: float) -> None:
+        """allocate() for a collective's allocs (a micro-batch copy's: through its template's, as run_allocate)."""
+        moved = collective.moved
+        if moved is None:
+            self.allocate(collective.allocs, stream, time_s, collective.name)
+        else:
+            self.run_allocate(moved[0], moved[2], moved[3], stream, time_s, collective.name)
+
+    def collective_free(self, collective: Collective, time_s: float) -> None:
+        """free() for a collective's frees (see collective_allocate)."""
+        moved = collective.moved
+        if moved is None:
+            self.free(collective.frees, time_s, collective.name)
+        else:
+            self.run_free(moved[1], moved[2], moved[3], time_s, collective.name)
 
     def allocate(self, tensor_ids: tuple[int, ...], stream: str, time_s: float, op: str,
                  template: tuple | None = None) -> None:
@@ -187,32 +217,28 @@ class RankMemory:
         self.catch_up()
         return False
 
-    def _replayed_run(self, kind: int, op_ids: tuple[int, ...], shift: int, stream_id: int, time_s: float,
-                      op: str) -> bool:
-        """The fast match of a Run's call: the recorded call came from the same op ids moved by the same
-        distance from the reference (so its relative ids are equal). False: try the general match."""
-        skipping = self._skipping
-        calls = skipping.calls
-        if skipping.position < len(calls):
-            call = calls[skipping.position]
-            if call.template is op_ids and call.delta == shift - skipping.reference and call.kind == kind \
-                    and call.stream == stream_id and call.op == op:
-                self._replay(call, time_s, op)
-                return True
-        return False
-
     def _replay(self, call: RecordedCall, time_s: float, op: str) -> None:
-        """Take the recorded outcome of the next call of the period."""
+        """Take the recorded outcome of the next call of the period (what _sample does, inlined: hot path)."""
         self._skipping.position += 1
-        self.by_category = call.by_category      # a tuple while replaying; catch_up makes it a list
-        if self.measuring:
-            peaks = self.category_peaks
-            for i, value in enumerate(call.category_max):
-                if value > peaks[i]:
-                    peaks[i] = value
+        self.by_category = by_category = call.by_category   # a tuple while replaying; catch_up makes it a list
         if call.events:
             self._replay_events(call, time_s, op)
-        self._sample(time_s, op, call.allocated, call.reserved)
+        allocated, reserved = call.allocated, call.reserved
+        if self.record_timeline:
+            self.samples += (time_s, allocated, reserved, by_category)
+        if self.measuring:
+            peaks = self.category_peaks
+            if any(map(gt, call.category_max, peaks)):
+                for i, value in enumerate(call.category_max):
+                    if value > peaks[i]:
+                        peaks[i] = value
+            if allocated > self.peak_allocated:
+                self.peak_allocated = allocated
+                self.peak_time_s = time_s
+                self.peak_op = op
+                self.peak_breakdown = by_category
+            if reserved > self.peak_reserved:
+                self.peak_reserved = reserved
 
     def _replay_events(self, call: RecordedCall, time_s: float, op: str) -> None:
         append = self.allocator._log.append
@@ -240,7 +266,7 @@ class RankMemory:
             allocated = self.allocator.allocated_bytes
             reserved = self.allocator.reserved_bytes
         if self.record_timeline:
-            self.samples.append(MemorySample(time_s, allocated, reserved, tuple(self.by_category)))
+            self.samples += (time_s, allocated, reserved, tuple(self.by_category))
         if self.measuring:
             if allocated > self.peak_allocated:
                 self.peak_allocated = allocated

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import is_not
 from typing import TYPE_CHECKING
 
 import simpy
 
 from simulator.engine.allocator import Allocator
 from simulator.engine.memory import RankMemory
-from simulator.parallel.program import Collective, Program, Recv, Send, Signal, WaitFor
-from simulator.trace.records import RankTrace, Span
+from simulator.parallel.program import Collective, Program, Recv, Run, Send, Signal, WaitFor
+from simulator.trace.records import RankTrace
 
 if TYPE_CHECKING:
     from simulator.engine.executor import EngineOptions
@@ -24,9 +26,12 @@ class RankState:
                  options: EngineOptions, env: simpy.Environment):
         stream_ids = {name: i for i, name in enumerate(program.streams)}
         self.program = program
+        self.record_spans = options.record_spans
+        self.stretches = None                        # a Stretches (engine/stretches.py) when the executor replays them
         self.memory = RankMemory(allocator, program.tensors, stream_ids, options.record_timeline, options.repeats)
         self.trace = RankTrace(program.rank, program.device, capacity_bytes)
-        self.spans: dict[str, list[Span]] = {name: [] for name in program.streams}   # per stream, in order
+        # per stream, in order: flat (info, start_s, end_s) triples (engine/timelines.py)
+        self.spans: dict[str, list] = {name: [] for name in program.streams}
         self.done: set[str] = set()                  # streams that finished
         self.events: dict[str, simpy.Event] = {}
         self.signal_time: dict[str, float] = {}      # event -> when a stream signalled it (maybe ahead of now)
@@ -45,8 +50,11 @@ class RankState:
         compute_signals: list[int] = []              # indices of the compute stream's Signals
         waiters = self.waiters
         for name, instructions in program.streams.items():
-            for index, instruction in enumerate(instructions):
-                kind = type(instruction)
+            # Only the waits and signals matter here: pick them out at C speed (runs are most of a stream).
+            kinds = list(map(type, instructions))
+            for index in compress(range(len(kinds)), map(is_not, kinds, repeat(Run))):
+                instruction = instructions[index]
+                kind = kinds[index]
                 if kind is WaitFor:
                     waiters[instruction.event] = waiters.get(instruction.event, 0) + 1
                     waiting[instruction.event] = (name, index)

@@ -21,6 +21,7 @@ every time (tests/test_repeats.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from simulator.parallel.program import Period
 
@@ -29,9 +30,9 @@ MAX_BOUNDARIES = 40          # a period may span this many boundaries (a 1F1B st
 _RELATIVE = 1 << 50          # ids of micro-batch copies are stored as (id - reference) - _RELATIVE (< 0)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordedCall:
-    """One memory call of a recording: what it was (relative ids) and what it gave."""
+class RecordedCall(NamedTuple):
+    """One memory call of a recording: what it was (relative ids) and what it gave (a named tuple: cheaper to
+    make than a frozen dataclass, and a recording makes hundreds of thousands)."""
 
     kind: int
     ids: tuple[int, ...]

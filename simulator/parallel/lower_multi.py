@@ -43,6 +43,7 @@ from simulator.workload.stage import StageSpec, StageWorkload, build_stage
 from simulator.workload.training import IterationWorkload, Recipe
 from simulator.workload.transformer import Shape
 
+new_run = tuple.__new__       # Run(...) without the named tuple's Python-level __new__ (millions at scale)
 DP_STREAM = f"{COMM_STREAM}.dp"      # data-parallel reductions of pipeline stages (module docstring)
 
 
@@ -133,7 +134,8 @@ class _Streams:
                 collective = self.unmoved[key] = Collective(op.name, kind, group, size_bytes, allocs, frees,
                                                             iteration)
         else:
-            collective = Collective(op.name, kind, group, size_bytes, allocs, frees, iteration)
+            collective = Collective(op.name, kind, group, size_bytes, allocs, frees, iteration,
+                                    (op.allocs, op.frees, shift, low))
         comm += [WaitFor(ready), collective, Signal(done)]
         if overlapped:
             self.pending.append(done)
@@ -171,7 +173,7 @@ class _Streams:
         compute = self.compute
         for plain, special in timed.segments:
             if plain:
-                compute += [Run(op, duration_s, iteration, shift, low) for op, duration_s in plain]
+                compute += [new_run(Run, (op, duration_s, iteration, shift, low)) for op, duration_s in plain]
             if special is None:
                 continue
             op, duration_s = special

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from simulator.errors import PlanError
 from simulator.workload.graph import Op, Tensor, moved_ids
@@ -14,12 +15,13 @@ SEND_STREAM = "pp_send"       # pipeline sends
 RECV_STREAM = "pp_recv"       # pipeline receives
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
+class Run(NamedTuple):
     """Execute `op` on the stream: allocate its `allocs`, take `duration_s`, then free its `frees`.
 
     A micro-batch copy shares its template's Op: tensor ids of `op.allocs` / `op.frees` at or above `low`
     are moved by `shift` (ids below `low` are shared tensors: parameters, gradients). `shift = 0`: as is.
+    A named tuple, not a frozen dataclass like the other instructions: a cluster-scale lowering makes
+    millions, and a frozen dataclass's constructor costs several times as much.
     """
 
     op: Op
@@ -117,6 +119,9 @@ class Collective:
     allocs: tuple[int, ...] = ()
     frees: tuple[int, ...] = ()
     iteration: int = 0
+    # A micro-batch copy's post: (its template op's allocs, frees, shift, low), from which allocs and frees
+    # were moved; lets the engine match replayed memory calls by identity (engine/memory.py run_allocate).
+    moved: tuple | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in COLLECTIVE_KINDS:

@@ -28,6 +28,25 @@ def peak_flop_rate(device, precision: str) -> float:
     return rates.get("bf16") or rates["fp32"]
 
 
+def span_sums(spans, start_s: float, end_s: float) -> tuple[dict[str, float], float]:
+    """Seconds of compute spans inside [start_s, end_s]: per time-breakdown key, and in all (collectives and
+    transfers are communication, not compute, even when a stream overlaps them)."""
+    phase_time = {key: 0.0 for key in _PHASE_KEYS.values()}
+    sums = getattr(spans, "phase_sums", None)
+    if sums is not None:          # the engine's span columns: the same sums without making the Span objects
+        summed, compute = sums(start_s, end_s, _PHASE_KEYS, "forward_s")
+        return {key: summed[key] for key in phase_time}, compute
+    compute = 0.0
+    for span in spans:
+        if span.phase == COMM_PHASE:
+            continue
+        if start_s <= span.start_s and span.end_s <= end_s:
+            duration = span.end_s - span.start_s
+            phase_time[_PHASE_KEYS.get(span.phase, "forward_s")] += duration
+            compute += duration
+    return phase_time, compute
+
+
 def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     """The DESIGN.md report (plus extra keys) for a single-rank simulation."""
     rank_trace = trace.ranks[0]
@@ -44,16 +63,7 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     else:
         start = end = 0.0
         iteration_time = 0.0
-    phase_time = {key: 0.0 for key in _PHASE_KEYS.values()}
-    compute = 0.0
-    for span in rank_trace.spans:
-        # Collectives and transfers are communication (below), not compute, even when a stream overlaps them.
-        if span.phase == COMM_PHASE:
-            continue
-        if start <= span.start_s and span.end_s <= end:
-            duration = span.end_s - span.start_s
-            phase_time[_PHASE_KEYS.get(span.phase, "forward_s")] += duration
-            compute += duration
+    phase_time, compute = span_sums(rank_trace.spans, start, end)
     iterations = max(1, len(trace.iteration_bounds_s) - warmup)
     for key in phase_time:
         phase_time[key] /= iterations

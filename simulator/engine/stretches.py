@@ -1,0 +1,362 @@
+"""Replay of the compute stream's repeated stretches: a micro-batch copy's runs and inlined collectives, applied in
+bulk from a record of an earlier copy's, while the rank's memory calls are in a replayed period.
+
+The executor runs a stretch (consecutive runs and inlined collectives, nothing that can make the compute stream
+yield: executor._run_stretch) instruction by instruction. In a pipeline's steady state each micro-batch copy's
+forward and backward run the same stretches: the same template ops (workload/stage.py), the same durations,
+collectives of the same kind, group and size, and, while a period of memory calls is being replayed
+(engine/repeats.py), the same recorded calls at the same position of the period. What such a stretch does then
+depends on nothing but its start time: spans, memory samples and peaks, communication intervals, the inlined
+streams' cursors. So the first time a stretch starting with a given op at a given position of a period runs,
+its effects are predicted from its instructions and the recorded calls and compared with what the executor
+really did; when equal, they are kept as a `StretchRecord`. A later stretch with the same first op, period,
+position and shift relative to the period, whose instructions match the record one by one (ops by identity,
+durations, shifts, collectives' kind, group, size and stream positions), is applied from the record: its times
+are the start time plus the durations accumulated in the same order (so the same floats), everything else is
+copied. Results are identical to running it (tests/test_engine_shortcuts.py compares them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+from simulator.engine.rank_state import COMPUTE_STREAM
+from simulator.parallel.program import Run, Signal, WaitFor
+from simulator.trace.records import COMM_PHASE
+
+if TYPE_CHECKING:
+    from simulator.engine.network_model import NetworkModel
+    from simulator.engine.rank_state import RankState
+
+MIN_LENGTH = 8                # shorter stretches are not worth a record
+
+
+@dataclass(slots=True)
+class StretchRecord:
+    """What one stretch did, relative to its start time, and what a later one must match to be replayed."""
+
+    first_op: object                  # the first run's op (kept alive: its id is part of the key)
+    calls: list                       # the replayed period's calls (identity checked)
+    delta: int                        # the runs' shift minus the period's reference
+    measuring: bool
+    length: int                       # instructions consumed
+    runs: tuple                       # (position in the stretch, op, duration, iteration, low) of each run
+    inlines: tuple                    # (position, stream, k - first k of that stream, kind, group, size, memory)
+    durations: tuple                  # per step (a run or a collective), the time it adds
+    span_runs: tuple                  # per run: the Run (a span's info, engine/timelines.py)
+    span_steps: tuple                 # per run: its step (the span is times[step], times[step + 1])
+    comm: tuple                       # per inlined collective: (stream, step, span info)
+    sample_steps: tuple               # per memory call: the index of its time in the stretch's times
+    sample_ops: tuple                 # per memory call: the op name passed to the sample
+    streams: tuple                    # inlined streams, in order of first use
+    isolated: int                     # network counters added
+    dropped: int
+    category_max: tuple = ()          # over the memory calls: the largest bytes per category,
+    allocated_peak: int = 0           # the index of the first call with the largest allocated bytes,
+    reserved_peak: int = 0            # and the largest reserved bytes
+    sample_fields: tuple = ((), (), ())    # the calls' allocated, reserved and by_category
+
+    def run_spans(self, times: list[float]) -> list:
+        """The compute stream's flat span triples of this stretch started at times[0]."""
+        flat = [None] * (3 * len(self.span_runs))
+        flat[0::3] = self.span_runs
+        flat[1::3] = [times[step] for step in self.span_steps]
+        flat[2::3] = [times[step + 1] for step in self.span_steps]
+        return flat
+
+    def comm_spans(self, times: list[float], stream: str) -> list:
+        """Stream `stream`'s flat span triples of this stretch's inlined collectives."""
+        return [x for name, step, info in self.comm if name == stream for x in (info, times[step], times[step + 1])]
+
+    def samples(self, times: list[float]) -> list:
+        """The flat memory samples of this stretch's calls."""
+        allocated, reserved, categories = self.sample_fields
+        flat = [None] * (4 * len(allocated))
+        flat[0::4] = [times[at] for at in self.sample_steps]
+        flat[1::4] = allocated
+        flat[2::4] = reserved
+        flat[3::4] = categories
+        return flat
+
+
+class Stretches:
+    """One rank's stretch records and the bookkeeping of learning one."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[int, int], StretchRecord] = {}
+        self.replayed = 0             # stretches applied from a record (tests check it is used)
+
+    # replay ----------------------------------------------------------------------------------------
+    def replay(self, state: RankState, network: NetworkModel | None, instructions, index: int,
+               now_s: float) -> tuple[int, float] | None:
+        """Apply the stretch at `index` from its record if one matches; (next index, clock), else None."""
+        memory = state.memory
+        skipping = memory._skipping
+        if skipping is None:
+            return None
+        first = instructions[index]
+        record = self.records.get((id(first.op), skipping.position))
+        if record is None or record.calls is not skipping.calls or record.measuring != memory.measuring \
+                or first.shift - skipping.reference != record.delta or memory.first_oom is not None:
+            return None
+        end = index + record.length
+        if end > len(instructions):
+            return None
+        shift = first.shift
+        for position, op, duration_s, iteration, low in record.runs:
+            run = instructions[index + position]
+            if type(run) is not Run or run.op is not op or run.duration_s != duration_s or run.shift != shift \
+                    or run.iteration != iteration or run.low != low:
+                return None
+        starts = self._inline_starts(state, network, instructions, index, record)
+        if starts is None:
+            return None
+        self.replayed += 1
+        return end, self._apply(state, network, now_s, record, starts)
+
+    def _inline_starts(self, state: RankState, network, instructions, index: int,
+                       record: StretchRecord) -> dict[str, int] | None:
+        """Check the collectives would all be inlined as in the record; per stream, the k of its first one."""
+        starts: dict[str, int] = {}
+        streams = state.program.streams
+        shift, low = instructions[index].shift, instructions[index].low
+        for position, name, dk, kind, group, size, tensors in record.inlines:
+            signal = instructions[index + position]
+            if type(signal) is not Signal:
+                return None
+            plan = state.inline_plans.get(signal.event)
+            if plan is None or plan[0] != name:
+                return None
+            k = plan[1]
+            first_k = starts.setdefault(name, k - dk)
+            if k - dk != first_k:
+                return None
+            other = streams[name]
+            collective = other[k + 1]
+            if collective.kind != kind or collective.group != group or collective.size_bytes != size \
+                    or not _same_tensors(collective, tensors, shift, low):
+                return None
+            if k + 3 >= len(other):
+                return None                      # the stream would be released at the end: not recorded
+            after = state.events.get(other[k + 3].event)
+            if after is not None and after.triggered:
+                return None
+        for name, k in starts.items():            # where each stream must stand, as _inline checks
+            cursor = state.cursor.get(name)
+            if cursor is None:
+                blocked = state.blocked.get(name)
+                ready = streams[name][k]
+                if blocked is None or blocked[0] != k or type(blocked[1]) is not WaitFor \
+                        or type(ready) is not WaitFor or blocked[1].event != ready.event:
+                    return None
+            elif cursor != k:
+                return None
+        if starts and network is None:
+            return None
+        return starts
+
+    def _apply(self, state: RankState, network, now_s: float, record: StretchRecord,
+               starts: dict[str, int]) -> float:
+        """Apply the record from `now_s`; returns the clock at its end."""
+        memory = state.memory
+        skipping = memory._skipping
+        times = list(accumulate(record.durations, initial=now_s))
+        p0 = skipping.position
+        count = len(record.sample_steps)
+        if state.record_spans:
+            state.spans[COMPUTE_STREAM] += record.run_spans(times)
+        streams = state.program.streams
+        for name in record.streams:
+            state.comm_streams[name] = None
+            if state.cursor.get(name) is None:
+                state.parked[name] = streams[name][starts[name]].event
+        for name, step, info in record.comm:
+            start, end = times[step], times[step + 1]
+            if end > start:
+                state.comm_intervals.append((start, end))
+                state.stream_transfers.setdefault(name, []).append((start, end))
+                state.exposed_intervals.append((start, end))
+            if state.record_spans:
+                state.spans[name] += (info, start, end)
+        for position, name, dk, *_ in record.inlines:
+            state.cursor[name] = starts[name] + dk + 3
+        if network is not None:
+            network.isolated_operations += record.isolated
+            network.shadows_dropped += record.dropped
+        if not count:
+            return times[-1]
+        skipping.position = p0 + count
+        memory.by_category = record.calls[p0 + count - 1].by_category
+        if memory.record_timeline:
+            memory.samples += record.samples(times)
+        if memory.measuring:
+            # The calls' peaks, taken one by one, leave the largest value, first reached (precomputed).
+            peaks = memory.category_peaks
+            for i, value in enumerate(record.category_max):
+                if value > peaks[i]:
+                    peaks[i] = value
+            at = record.allocated_peak
+            call = record.calls[p0 + at]
+            if call.allocated > memory.peak_allocated:
+                memory.peak_allocated = call.allocated
+                memory.peak_time_s = times[record.sample_steps[at]]
+                memory.peak_op = record.sample_ops[at]
+                memory.peak_breakdown = call.by_category
+            if record.reserved_peak > memory.peak_reserved:
+                memory.peak_reserved = record.reserved_peak
+        return times[-1]
+
+    # learning --------------------------------------------------------------------------------------
+    def watch(self, state: RankState, network, instructions, index: int, now_s: float) -> tuple | None:
+        """Before the executor runs the stretch at `index`: what to compare afterwards (None: not learnable)."""
+        memory = state.memory
+        skipping = memory._skipping
+        if skipping is None or memory.first_oom is not None or memory.allocator._log is not None or network is None:
+            return None
+        first = instructions[index]
+        if (id(first.op), skipping.position) in self.records:
+            return None                   # recorded, but this stretch did not match it
+        names = [n for n in state.program.streams if n != COMPUTE_STREAM]
+        return (index, now_s, skipping, skipping.position, first.shift - skipping.reference, memory.measuring,
+                len(memory.samples), len(state.spans[COMPUTE_STREAM]),
+                {n: len(state.spans[n]) for n in names},
+                len(state.comm_intervals), len(state.exposed_intervals),
+                {n: len(state.stream_transfers.get(n, ())) for n in names},
+                dict(state.cursor), dict(state.parked), len(skipping.renamed),
+                (network.isolated_operations, network.shadows_dropped))
+
+    def learn(self, watched: tuple, state: RankState, network, instructions, end: int, now_s: float) -> None:
+        """After the executor ran the stretch: keep a record of it if predicting it reproduces what it did."""
+        (index, start_s, skipping, p0, delta, measuring, n_samples, n_spans, n_comm_spans, n_intervals, n_exposed,
+         n_transfers, cursor0, parked0, n_renamed, counters) = watched
+        memory = state.memory
+        if end - index < MIN_LENGTH or memory._skipping is not skipping or memory.measuring != measuring \
+                or len(skipping.renamed) != n_renamed or memory.first_oom is not None:
+            return
+        record = self._predict(state, network, instructions, index, end, skipping, p0, delta, measuring, counters,
+                               cursor0)
+        if record is None:
+            self.records[(id(instructions[index].op), p0)] = None     # not learnable: do not try again
+            return
+        # The prediction must give exactly what the executor did.
+        times = list(accumulate(record.durations, initial=start_s))
+        if times[-1] != now_s or skipping.position != p0 + len(record.sample_steps):
+            return
+        if state.record_spans:
+            if state.spans[COMPUTE_STREAM][n_spans:] != record.run_spans(times):
+                return
+            for name, n in n_comm_spans.items():
+                if state.spans[name][n:] != record.comm_spans(times, name):
+                    return
+        if memory.record_timeline and memory.samples[n_samples:] != record.samples(times):
+            return
+        intervals = [(times[step], times[step + 1]) for _, step, _ in record.comm
+                     if times[step + 1] > times[step]]
+        if state.comm_intervals[n_intervals:] != intervals or state.exposed_intervals[n_exposed:] != intervals:
+            return
+        for name, n in n_transfers.items():
+            mine = [(times[step], times[step + 1]) for s, step, _ in record.comm
+                    if s == name and times[step + 1] > times[step]]
+            if state.stream_transfers.get(name, [])[n:] != mine:
+                return
+        for name in record.streams:
+            if name not in state.parked or (name in parked0 and parked0[name] != state.parked[name]):
+                return
+        self.records[(id(record.first_op), p0)] = record
+
+    def _predict(self, state: RankState, network, instructions, index: int, end: int, skipping, p0: int,
+                 delta: int, measuring: bool, counters: tuple, cursor0: dict) -> StretchRecord | None:
+        """The record of instructions[index:end] (runs and inlined Signal/WaitFor pairs), or None if it has
+        anything a record cannot reproduce."""
+        rank = state.program.rank
+        shift = instructions[index].shift
+        runs, inlines, durations, span_runs, span_steps, comm, sample_steps, sample_ops = [], [], [], [], [], [], [], []
+        first_k: dict[str, int] = {}
+        streams = state.program.streams
+        position = index
+        while position < end:
+            instruction = instructions[position]
+            step = len(durations)
+            if type(instruction) is Run:
+                op = instruction.op
+                if instruction.shift != shift or instruction.duration_s < 0:
+                    return None
+                runs.append((position - index, op, instruction.duration_s, instruction.iteration, instruction.low))
+                durations.append(instruction.duration_s if instruction.duration_s > 0 else 0.0)
+                span_runs.append(instruction)
+                span_steps.append(step)
+                _calls(op, step, sample_steps, sample_ops)
+                position += 1
+            elif type(instruction) is Signal:
+                plan = state.inline_plans.get(instruction.event)
+                if plan is None or network is None:
+                    return None
+                name, k = plan
+                collective = streams[name][k + 1]
+                duration = network._isolated.get((collective.kind, collective.group, collective.size_bytes))
+                if duration is None or duration < 0 or k + 3 >= len(streams[name]):
+                    return None
+                dk = k - first_k.setdefault(name, k)
+                inlines.append((position - index, name, dk, collective.kind, collective.group, collective.size_bytes,
+                                _tensors(collective, shift, instructions[index].low)))
+                if inlines[-1][-1] is None:
+                    return None
+                durations.append(duration)
+                comm.append((name, step, ((rank, name, collective.name, collective.kind, COMM_PHASE),
+                                          (0.0, int(collective.size_bytes), collective.iteration))))
+                _calls(collective, step, sample_steps, sample_ops)
+                position += 2
+            else:
+                return None
+        if position != end:
+            return None
+        for name, k in first_k.items():
+            if cursor0.get(name, k) != k:
+                return None
+        isolated, dropped = (network.isolated_operations - counters[0], network.shadows_dropped - counters[1]) \
+            if network is not None else (0, 0)
+        if isolated != len(inlines):
+            return None
+        calls = skipping.calls[p0:p0 + len(sample_steps)]
+        if len(calls) != len(sample_steps) or any(call.kind not in (0, 1) for call in calls):
+            return None
+        category_max = tuple(map(max, zip(*(call.category_max for call in calls)))) if calls else ()
+        allocated = [call.allocated for call in calls]
+        return StretchRecord(instructions[index].op, skipping.calls, delta, measuring, end - index, tuple(runs),
+                             tuple(inlines), tuple(durations), tuple(span_runs), tuple(span_steps), tuple(comm),
+                             tuple(sample_steps), tuple(sample_ops), tuple(first_k), isolated, dropped,
+                             category_max, allocated.index(max(allocated)) if calls else 0,
+                             max((call.reserved for call in calls), default=0),
+                             (allocated, [call.reserved for call in calls], [call.by_category for call in calls]))
+
+
+def _calls(op_or_collective, step: int, sample_steps: list[int], sample_ops: list[str]) -> None:
+    """Note the memory calls of a step: an allocation at its start, a free at its end (as the executor does)."""
+    if op_or_collective.allocs:
+        sample_steps.append(step)
+        sample_ops.append(op_or_collective.name)
+    if op_or_collective.frees:
+        sample_steps.append(step + 1)
+        sample_ops.append(op_or_collective.name)
+
+
+def _tensors(collective, shift: int, low: int) -> tuple | None:
+    """What a collective's memory calls are matched by: its template's tensor tuples (a copy's post, moved by
+    the runs' shift and low), or its own tuples (not moved); None if moved otherwise."""
+    moved = collective.moved
+    if moved is None:
+        return (collective.allocs, collective.frees)
+    if moved[2] != shift or moved[3] != low:
+        return None
+    return (moved[0], moved[1], True)
+
+
+def _same_tensors(collective, tensors: tuple, shift: int, low: int) -> bool:
+    """Whether `collective` makes the same memory calls as the recorded one (see _tensors)."""
+    moved = collective.moved
+    if len(tensors) == 2:
+        return moved is None and collective.allocs == tensors[0] and collective.frees == tensors[1]
+    return moved is not None and moved[0] is tensors[0] and moved[1] is tensors[1] and moved[2] == shift \
+        and moved[3] == low

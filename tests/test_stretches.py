@@ -1,0 +1,88 @@
+"""Stretch replay (engine/stretches.py) and the engine's span and sample columns (engine/timelines.py) change no
+result: whole runs with it on and off, the report's column sums against the loop over Span objects."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import simulator.api as api
+from simulator.engine.executor import EngineOptions
+from simulator.engine.stretches import Stretches
+from simulator.engine.timelines import SampleColumns, SpanColumns
+from simulator.parallel.program import Run
+from simulator.report.metrics import span_sums
+from simulator.scenario import scenario_from_dict
+from simulator.trace.records import COMM_PHASE, MemorySample, Span
+from simulator.workload.graph import Op
+from test_scale_inline import _doc, _everything
+
+
+def _steady(nodes: int, global_batch: int, **parallel) -> dict:
+    """A tiny GPT with enough micro-batches for a steady state; allocator events off (stretches need that)."""
+    doc = _doc(nodes, global_batch, **parallel)
+    doc["run"]["record_events"] = False
+    return doc
+
+
+CASES = [
+    (4, 32, {"tp": 8, "pp": 4, "dp": 1, "sequence_parallel": True}),
+    (4, 48, {"tp": 8, "pp": 2, "dp": 2, "sequence_parallel": True}),
+    (2, 24, {"tp": 4, "pp": 4, "dp": 1}),
+]
+
+
+@pytest.mark.parametrize("nodes, global_batch, parallel", CASES)
+def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parallel):
+    replayed = []
+    real = Stretches.replay
+
+    def spy(self, *args):
+        done = real(self, *args)
+        replayed.append(done is not None)
+        return done
+
+    monkeypatch.setattr(Stretches, "replay", spy)
+    doc = _steady(nodes, global_batch, **parallel)
+    fast = _everything(api.simulate(scenario_from_dict(doc)))
+    assert sum(replayed) > 0           # the comparison below compares two different computations
+    monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(stretches=False))
+    without = _everything(api.simulate(scenario_from_dict(doc)))
+    monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(rank_lookahead=False, repeats=False))
+    plain = _everything(api.simulate(scenario_from_dict(doc)))
+    assert fast == without == plain
+
+
+_PHASES = ["fwd", "bwd_input", "bwd_weight", "recompute", "optimizer", "other"]
+_span = st.tuples(st.sampled_from(_PHASES + [COMM_PHASE]), st.floats(0, 10), st.floats(0, 1e-3),
+                  st.integers(0, 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams=st.lists(st.lists(_span, max_size=30), min_size=1, max_size=3), bounds=st.tuples(st.floats(0, 5),
+                                                                                                 st.floats(5, 12)))
+def test_column_sums_equal_the_span_loop(streams, bounds):
+    columns = []
+    for s, spans in enumerate(streams):
+        flat: list = []
+        for phase, start, duration, iteration in spans:
+            if phase == COMM_PHASE:
+                info = ((3, f"s{s}", "ar", "all_reduce", COMM_PHASE), (0.0, 1024, iteration))
+            else:
+                info = Run(Op(f"op.{phase}", "gemm", phase, flops=1e9), duration, iteration)
+            flat += (info, start, start + duration)
+        columns.append((f"s{s}", flat))
+    recorded = SpanColumns(3, columns)
+    # The columns' sums against the report's loop over the Span objects (a plain list has no phase_sums).
+    assert span_sums(recorded, *bounds) == span_sums(list(recorded), *bounds)
+
+
+def test_columns_make_the_objects():
+    op = Op("layer.fc1", "gemm", "fwd", flops=2e9, bytes_read=10, bytes_written=6)
+    comm = ((0, "comm", "tp.all_gather", "all_gather", COMM_PHASE), (0.0, 4096, 1))
+    spans = SpanColumns(0, [("compute", [Run(op, 1e-3, 1), 0.5, 0.501]), ("comm", [comm, 0.2, 0.3])])
+    assert list(spans) == [Span(0, "compute", "layer.fc1", "gemm", "fwd", 0.5, 0.501, 2e9, 16, 1),
+                           Span(0, "comm", "tp.all_gather", "all_gather", COMM_PHASE, 0.2, 0.3, 0.0, 4096, 1)]
+    samples = SampleColumns([0.5, 10, 20, (10, 0), 0.6, 0, 20, (0, 0)])
+    assert samples == [MemorySample(0.5, 10, 20, (10, 0)), MemorySample(0.6, 0, 20, (0, 0))]
+    assert samples[-1].allocated == 0 and len(samples) == 2 and samples == SampleColumns(list(samples.flat))
