@@ -10,6 +10,7 @@ from simulator.parallel.program import Collective, Period
 from simulator.trace.records import OomInfo
 from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
 
+new_tuple = tuple.__new__     # a named tuple without its Python-level __new__ (hot path)
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 UNBOUNDED_BYTES = 1 << 44     # capacity after an OOM (16 TiB): keep simulating to measure the requirement
 
@@ -39,6 +40,7 @@ class RankMemory:
         self.repeats = repeats
         self._recording: Recording | None = None
         self._skipping: Skipping | None = None
+        self.boundaries_left: int | None = None     # Period instructions still to come, when known
 
     def run_allocate(self, op_ids: tuple[int, ...], shift: int, low: int, stream: str, time_s: float,
                      op: str) -> None:
@@ -146,6 +148,8 @@ class RankMemory:
         """A point where a period may start: go on replaying, or look for this state among recent boundaries."""
         if not self.repeats:
             return
+        if self.boundaries_left is not None:
+            self.boundaries_left -= 1
         if self._skipping is not None:
             if self._skipping.advance(boundary):
                 return
@@ -169,6 +173,9 @@ class RankMemory:
                 self._skipping = Skipping(boundary, calls, step, self.by_category)
                 self._recording = None
                 return
+        if self.boundaries_left == 0:
+            self._recording = None         # no boundary is left to end a period: recording is useless
+            return
         recording.mark(summary, state, boundary)
 
     def catch_up(self) -> None:
@@ -256,10 +263,10 @@ class RankMemory:
         log = self.allocator._log
         events = tuple(log._raw[log_start:]) if log is not None else ()
         op_ids, delta = (template[0], template[1] - recording.origin) if template is not None else (None, 0)
-        recording.calls.append(RecordedCall(kind, relative(tensor_ids, recording.origin, recording.low, recording.high),
-                                            stream_id, op, self.allocator.allocated_bytes,
-                                            self.allocator.reserved_bytes, tuple(self.by_category),
-                                            tuple(category_max), events, op_ids, delta))
+        recording.calls.append(new_tuple(RecordedCall, (
+            kind, relative(tensor_ids, recording.origin, recording.low, recording.high), stream_id, op,
+            self.allocator.allocated_bytes, self.allocator.reserved_bytes, tuple(self.by_category),
+            tuple(category_max), events, op_ids, delta)))
 
     def _sample(self, time_s: float, op: str, allocated: int | None = None, reserved: int | None = None) -> None:
         if allocated is None:

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import compress, repeat
-from operator import is_not
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING
 
 import simpy
 
 from simulator.engine.allocator import Allocator
 from simulator.engine.memory import RankMemory
-from simulator.parallel.program import Collective, Program, Recv, Run, Send, Signal, WaitFor
+from simulator.parallel.program import Collective, Period, Program, Recv, Send, Signal, WaitFor
 from simulator.trace.records import RankTrace
 
 if TYPE_CHECKING:
     from simulator.engine.executor import EngineOptions
 
+_event_of = attrgetter("event")
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
 
 
@@ -44,24 +46,25 @@ class RankState:
         self.stream_transfers: dict[str, list[tuple[float, float]]] = {}   # comm stream -> transfer times
         self.comm_intervals: list[tuple[float, float]] = []
         self.exposed_intervals: list[tuple[float, float]] = []
-        self.waiters: dict[str, int] = {}            # event -> WaitFor instructions on it (all streams)
         waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
-        signallers: dict[str, set[str]] = {}         # event -> streams that signal it
+        signalled: dict[str, set[str]] = {}          # stream -> the events it signals
         compute_signals: list[int] = []              # indices of the compute stream's Signals
-        waiters = self.waiters
+        counts: Counter[str] = Counter()
+        periods = 0
         for name, instructions in program.streams.items():
             # Only the waits and signals matter here: pick them out at C speed (runs are most of a stream).
             kinds = list(map(type, instructions))
-            for index in compress(range(len(kinds)), map(is_not, kinds, repeat(Run))):
-                instruction = instructions[index]
-                kind = kinds[index]
-                if kind is WaitFor:
-                    waiters[instruction.event] = waiters.get(instruction.event, 0) + 1
-                    waiting[instruction.event] = (name, index)
-                elif kind is Signal:
-                    signallers.setdefault(instruction.event, set()).add(name)
-                    if name == COMPUTE_STREAM:
-                        compute_signals.append(index)
+            waits = list(compress(range(len(kinds)), map(is_, kinds, repeat(WaitFor))))
+            wait_events = list(map(_event_of, map(instructions.__getitem__, waits)))
+            counts.update(wait_events)
+            waiting.update(zip(wait_events, zip(repeat(name), waits)))
+            periods += kinds.count(Period)
+            signals = list(compress(range(len(kinds)), map(is_, kinds, repeat(Signal))))
+            signalled[name] = set(map(_event_of, map(instructions.__getitem__, signals)))
+            if name == COMPUTE_STREAM:
+                compute_signals = signals
+        self.waiters: dict[str, int] = dict(counts)   # event -> WaitFor instructions on it (all streams)
+        self.memory.boundaries_left = periods
         self.wait_stream = {event: where[0] for event, where in waiting.items() if self.waiters[event] == 1}
         # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
@@ -69,12 +72,14 @@ class RankState:
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         if options.inline_collectives:
-            self._plan_inline(waiting, signallers, compute_signals)
+            self._plan_inline(waiting, signalled, compute_signals)
 
-    def _plan_inline(self, waiting: dict[str, tuple[str, int]], signallers: dict[str, set[str]],
+    def _plan_inline(self, waiting: dict[str, tuple[str, int]], signalled: dict[str, set[str]],
                      compute_signals: list[int]) -> None:
         streams = self.program.streams
         compute = streams.get(COMPUTE_STREAM, ())
+        by_compute = signalled.get(COMPUTE_STREAM, set())
+        by_others = set().union(*(events for name, events in signalled.items() if name != COMPUTE_STREAM))
         for i in compute_signals:
             if i + 1 >= len(compute):
                 continue
@@ -93,7 +98,7 @@ class RankState:
             # so parking it until then changes nothing.
             after = other[k + 3] if k + 3 < len(other) else None
             if after is None or (type(after) is WaitFor and self.waiters.get(after.event) == 1
-                                 and signallers.get(after.event) == {COMPUTE_STREAM}):
+                                 and after.event in by_compute and after.event not in by_others):
                 self.inline_plans[signal.event] = (name, k)
 
     def quiet(self) -> bool:

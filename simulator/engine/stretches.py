@@ -313,8 +313,9 @@ class Stretches:
         if position != end:
             return None
         for name, k in first_k.items():
-            if cursor0.get(name, k) != k:
-                return None
+            last = max(inline[2] for inline in inlines if inline[1] == name)
+            if cursor0.get(name, k) != k or state.cursor.get(name) != k + last + 3:
+                return None              # the stream did not stand where _inline needs it, or ended elsewhere
         isolated, dropped = (network.isolated_operations - counters[0], network.shadows_dropped - counters[1]) \
             if network is not None else (0, 0)
         if isolated != len(inlines):
