@@ -2,12 +2,15 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_scale.py [--global-batch 1536] [--dp 8,128] [--timeout-s 600]
+    python benchmarks/bench_scale.py [--global-batch 1536] [--dp 8,128] [--timeout-s 600] [--phases]
 
 Each case is dgx-a100 nodes with tp 8, pp 16, the given dp (nodes = dp · 16), 1F1B, micro-batch 1,
 bf16-mixed, megatron, full recompute, sequence parallelism, warm-up 0, one iteration, no allocator events: the scenario of
 the issue. Every case runs in its own process (`memsim run --json`) so that a case over the time limit
 is stopped and reported as such. Wall time per case goes to stderr as a table, the JSON list to stdout.
+With --phases each case runs in-process instead (no time limit) and also reports the CPU seconds of each
+phase: building the stage workloads and lowering them, the engine's set-up of its ranks, the rest of the
+engine, the report.
 """
 
 from __future__ import annotations
@@ -74,6 +77,51 @@ def run_case(dp: int, global_batch: int, timeout_s: float) -> dict:
     return row
 
 
+def phase_times(path: Path) -> dict:
+    """Simulate the scenario at `path` in this process; CPU seconds per phase and in all."""
+    import gc
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))    # the repository, installed or not
+
+    import simulator.api as api
+    from simulator.engine import rank_state
+    from simulator.parallel import lower_multi
+    from simulator.report import metrics
+    from simulator.scenario import load_scenario
+
+    gc.disable()           # as the command line does (simulator/cli.py)
+    spent: dict[str, float] = {}
+
+    def timed(function, phase: str):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.process_time() - start
+        return wrapper
+
+    lower_multi.lower_multi = timed(lower_multi.lower_multi, "lowering (with building)")
+    api.simulate_programs = timed(api.simulate_programs, "engine (with set-up)")
+    rank_state.RankState.__init__ = timed(rank_state.RankState.__init__, "engine set-up")
+    metrics.build_multi_report = timed(metrics.build_multi_report, "report")
+    start = time.process_time()
+    api.simulate(load_scenario(path, []))
+    spent["total"] = time.process_time() - start
+    return {phase: round(seconds, 2) for phase, seconds in spent.items()}
+
+
+def _phases_case(dp: int, global_batch: int) -> dict:
+    """phase_times of one case, in a child process (a fresh heap per case)."""
+    world = dp * 128
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "scenario.toml"
+        path.write_text(SCENARIO.format(world=world, global_batch=global_batch, dp=dp, nodes=world // 8))
+        done = subprocess.run([sys.executable, __file__, "--phases-of", str(path)], capture_output=True, text=True,
+                              check=True)
+    return {"dp": dp, "gpus": world, "global_batch": global_batch, "phases_cpu_s": json.loads(done.stdout)}
+
+
 def _children_cpu_s() -> float:
     """CPU seconds (user + system) used so far by finished child processes: wall time on a shared machine
     also counts other processes' load."""
@@ -87,7 +135,21 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=1536)
     parser.add_argument("--dp", default="8,128", help="comma-separated dp sizes (GPUs = dp · 128)")
     parser.add_argument("--timeout-s", type=float, default=600.0)
+    parser.add_argument("--phases", action="store_true", help="CPU seconds per phase (in-process, no time limit)")
+    parser.add_argument("--phases-of", type=Path, help=argparse.SUPPRESS)     # the child process of --phases
     args = parser.parse_args()
+    if args.phases_of is not None:
+        json.dump(phase_times(args.phases_of), sys.stdout)
+        return
+    if args.phases:
+        for dp in args.dp.split(","):
+            row = _phases_case(int(dp), args.global_batch)
+            print(f"dp {row['dp']:>4}  {row['gpus']:>6} GPUs  global batch {row['global_batch']:>5}  "
+                  + ", ".join(f"{phase} {seconds} s" for phase, seconds in row["phases_cpu_s"].items()),
+                  file=sys.stderr)
+            json.dump(row, sys.stdout)
+            sys.stdout.write("\n")
+        return
     rows = [run_case(int(dp), args.global_batch, args.timeout_s) for dp in args.dp.split(",")]
     for row in rows:
         wall = "timeout" if row["timed_out"] else \
