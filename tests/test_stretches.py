@@ -1,13 +1,16 @@
 """Stretch replay (engine/stretches.py) and the engine's span and sample columns (engine/timelines.py) change no
-result: whole runs with it on and off, the report's column sums against the loop over Span objects."""
+result: whole runs with it on and off, the report's column sums against the loop over Span objects, the
+vectorised union of communication intervals against a loop."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import simulator.api as api
-from simulator.engine.executor import EngineOptions
+from simulator.engine.executor import EngineOptions, _covered
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.parallel.program import Run
@@ -86,3 +89,25 @@ def test_columns_make_the_objects():
     samples = SampleColumns([0.5, 10, 20, (10, 0), 0.6, 0, 20, (0, 0)])
     assert samples == [MemorySample(0.5, 10, 20, (10, 0)), MemorySample(0.6, 0, 20, (0, 0))]
     assert samples[-1].allocated == 0 and len(samples) == 2 and samples == SampleColumns(list(samples.flat))
+
+
+def _covered_loop(intervals, start_s: float, end_s: float) -> float:
+    """The union length as a loop (the engine's numpy version must add the same lengths in the same order)."""
+    total, reach = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        a, b = max(a, start_s, reach), min(b, end_s)
+        if b > a:
+            total += b - a
+        reach = max(reach, b)
+    return total
+
+
+_time = st.floats(0, 100, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(intervals=st.lists(st.tuples(_time, _time).map(sorted).map(tuple), max_size=40),
+       window=st.tuples(_time, _time).map(sorted))
+def test_union_length_equals_the_loop(intervals, window):
+    for start_s, end_s in (window, (-math.inf, math.inf)):
+        assert _covered(tuple(intervals), start_s, end_s) == _covered_loop(intervals, start_s, end_s)

@@ -11,6 +11,8 @@ that build the objects on first read (`Recorded`). The report sums span duration
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 
@@ -18,6 +20,7 @@ from simulator.parallel.program import Run
 from simulator.trace.records import COMM_PHASE, MemorySample, Span
 
 new_tuple = tuple.__new__
+_op_phase = attrgetter("op.phase")
 
 
 class Recorded(Sequence):
@@ -89,15 +92,21 @@ class SpanColumns(Recorded):
         starts: list[float] = []
         ends: list[float] = []
         for _, flat in self.streams:
-            codes += [code.get(info.op.phase if type(info) is Run else info[0][4], fallback) for info in flat[0::3]]
+            infos = flat[0::3]
+            try:
+                phases = list(map(_op_phase, infos))         # a stream of runs only, at C speed
+            except AttributeError:
+                phases = [info.op.phase if type(info) is Run else info[0][4] for info in infos]
+            codes += map(code.get, phases, repeat(fallback))
             starts += flat[1::3]
             ends += flat[2::3]
         sums = {name: 0.0 for name in names}
         if not codes:
             return sums, 0.0
-        code_of = np.array(codes, dtype=np.int64)
-        begin = np.array(starts, dtype=np.float64)
-        finish = np.array(ends, dtype=np.float64)
+        count = len(codes)
+        code_of = np.fromiter(codes, dtype=np.int64, count=count)
+        begin = np.fromiter(starts, dtype=np.float64, count=count)
+        finish = np.fromiter(ends, dtype=np.float64, count=count)
         keep = (code_of >= 0) & (start_s <= begin) & (finish <= end_s)
         durations = finish[keep] - begin[keep]
         kept = code_of[keep]
