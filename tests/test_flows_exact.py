@@ -1,5 +1,6 @@
 """The fast flow-network paths return the very floats of the plain ones: lazy progressive filling against the
-textbook loop, remembered component rates, shared collective simulations, interference components."""
+textbook loop, one-level components, remembered component rates, components kept as groups, batched starts,
+shared collective simulations, interference components, footprints moved across servers."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator.network.flows as flows_module
+from simulator.errors import TopologyError
 from simulator.network.collectives import (REFERENCE_BYTES, CollectiveSchedule, Phase, lower_collective,
                                            simulate_schedule, transfer_seconds_per_byte)
+from simulator.network.filling import one_level
 from simulator.network.flows import Flow, FlowNetwork, max_min_rates
 from simulator.network.footprint import interference_components
 from simulator.network.topology import Route, load_topology
@@ -441,3 +444,259 @@ def test_flow_network_matches_the_reference_on_a_fabric():
     fast = _drive(FlowNetwork(Ring()), batches, 4)
     assert fast == _drive(ReferenceNetwork(Ring()), batches, 4)
     assert len(fast) > 30
+
+
+# ----- one level without filling, components kept as groups, batched starts, footprints moved across servers -----
+
+def _one_level_of(capacities, uses):
+    """filling.one_level on the bookkeeping FlowNetwork keeps for `uses` (flow id -> route uses)."""
+    on = {}
+    for flow_id in sorted(uses):
+        for resource, count in uses[flow_id]:
+            on.setdefault(resource, {})[flow_id] = count
+
+    class State:
+        def __init__(self, res):
+            self.res = res
+
+    flows = [State(tuple(r for r, _ in uses[f])) for f in sorted(uses)]
+    return one_level(capacities, on, list(on), flows, {})
+
+
+@st.composite
+def ring_like_flow_sets(draw):
+    """Rings of flows over a few links with awkward capacities: often one level, sometimes a dip by rounding."""
+    capacity = draw(st.sampled_from([1.0, 1 / 3, 0.1, 7.0, 25e9, 12.5e9]))
+    links = draw(st.integers(2, 12))
+    capacities = {r: capacity if draw(st.integers(0, 4)) else capacity * draw(st.sampled_from([2.0, 3.0, 0.5]))
+                  for r in range(2 * links)}
+    uses = {}
+    for flow_id in range(draw(st.integers(1, 30))):
+        first = draw(st.integers(0, links - 1))
+        route = {first: 1, links + (first + draw(st.integers(1, 3))) % links: 1}
+        if draw(st.booleans()):
+            route[draw(st.integers(0, 2 * links - 1))] = 1
+        uses[flow_id] = tuple(sorted(route.items()))
+    return capacities, uses
+
+
+@st.composite
+def single_use_flow_sets(draw):
+    """Few resources with awkward capacities, every flow crossing each of its resources once."""
+    resources = draw(st.integers(2, 6))
+    capacities = {r: draw(st.sampled_from([1.0, 0.1, 1 / 3, 0.7, 3.0, 10.0, 0.3, 1e-3, 12.5e9, 7.0]))
+                  for r in range(resources)}
+    uses = {flow_id: tuple((r, 1) for r in sorted(draw(st.lists(st.integers(0, resources - 1), min_size=1,
+                                                                  max_size=3, unique=True))))
+            for flow_id in range(draw(st.integers(2, 12)))}
+    return capacities, uses
+
+
+@given(st.one_of(ring_like_flow_sets(), single_use_flow_sets(), duplicated_flow_sets()))
+@settings(max_examples=250, deadline=None)
+def test_one_level_answers_only_with_the_reference_rate_of_every_flow(case):
+    capacities, uses = case
+    level = _one_level_of(capacities, uses)
+    if level is not None:
+        reference = reference_max_min_rates(capacities, uses)
+        assert all(rate == level for rate in reference.values())
+
+
+# Found by a seeded search: every flow crosses a resource whose share stays at the level, but another resource's
+# share dips below it by rounding (first two), or a resource only starts at the level and then rises (last two);
+# filling then gives two rates that differ in the last bits, and the shortcut must decline.
+TWO_LEVELS_BY_ROUNDING = [
+    ({0: 1.0, 1: 10.0, 2: 1.0},
+     {0: ((0, 1), (1, 1), (2, 1)), 1: ((0, 1), (2, 1)), 2: ((2, 1),), 3: ((0, 1),), 4: ((0, 1), (1, 1), (2, 1)),
+      5: ((2, 1),), 6: ((0, 1),), 7: ((0, 1), (2, 1)), 8: ((0, 1), (1, 1), (2, 1)), 9: ((0, 1), (1, 1), (2, 1)),
+      10: ((0, 1), (2, 1))}),
+    ({0: 0.1, 1: 0.1},
+     {0: ((0, 1), (1, 1)), 1: ((1, 1),), 2: ((1, 1),), 3: ((0, 1),), 4: ((0, 1), (1, 1)), 5: ((0, 1), (1, 1)),
+      6: ((0, 1),), 7: ((0, 1), (1, 1)), 8: ((0, 1), (1, 1))}),
+    ({0: 0.3, 1: 0.3},
+     {0: ((1, 1),), 1: ((1, 1),), 2: ((0, 1), (1, 1)), 3: ((0, 1), (1, 1)), 4: ((0, 1),), 5: ((0, 1), (1, 1)),
+      6: ((0, 1),), 7: ((0, 1), (1, 1))}),
+    ({0: 0.1, 1: 1 / 3, 2: 7.0, 3: 0.1},
+     {0: ((0, 1), (2, 1)), 1: ((1, 1), (3, 1)), 2: ((2, 1), (3, 1)), 3: ((0, 1),), 4: ((3, 1),),
+      5: ((0, 1), (1, 1), (3, 1)), 6: ((0, 1), (2, 1))}),
+]
+
+
+@pytest.mark.parametrize("capacities,uses", TWO_LEVELS_BY_ROUNDING)
+def test_one_level_declines_when_rounding_makes_two_levels(capacities, uses):
+    assert len(set(reference_max_min_rates(capacities, uses).values())) == 2
+    assert _one_level_of(capacities, uses) is None
+
+
+def test_one_level_answers_for_symmetric_rings_and_declines_otherwise():
+    ring = {f: ((f, 1), (10 + (f + 1) % 10, 1)) for f in range(10)}
+    assert _one_level_of({r: 1 / 3 for r in range(20)}, ring) == 1 / 3
+    # two flows share a link of capacity 1: they get 1/2, the others 1 -> two levels
+    shared = dict(ring)
+    shared[10] = ((0, 1), (11, 1))
+    capacities = {r: 1.0 for r in range(20)}
+    assert _one_level_of(capacities, shared) is None
+    assert set(reference_max_min_rates(capacities, shared).values()) == {0.5, 1.0}
+    # a link crossed twice by one flow and once by another: counts differ on one resource
+    assert _one_level_of({0: 1.0, 1: 1.0}, {0: ((0, 2),), 1: ((0, 1), (1, 1))}) is None
+
+
+def test_one_level_answers_on_a_good_share_of_ring_like_sets():
+    """The shortcut is worth having only if it answers often: count its answers on a seeded sample."""
+    rng = random.Random(11)
+    answered = 0
+    for _ in range(300):
+        links = rng.randint(2, 12)
+        capacity = rng.choice([1.0, 1 / 3, 0.1, 7.0, 25e9])
+        capacities = {r: capacity for r in range(2 * links)}
+        uses = {f: tuple(sorted({f % links: 1, links + (f + 1) % links: 1}.items())) for f in range(links)}
+        level = _one_level_of(capacities, uses)
+        answered += level is not None
+        if level is not None:
+            assert all(rate == level for rate in reference_max_min_rates(capacities, uses).values())
+    assert answered >= 250
+
+
+def _true_component(net, resource):
+    """The flows connected to `resource`, by a plain search over the network's bookkeeping."""
+    flows, seen, stack = set(), {resource}, [resource]
+    while stack:
+        for flow_id in net._on[stack.pop()]:
+            if flow_id not in flows:
+                flows.add(flow_id)
+                for other in net._active[flow_id].res:
+                    if other not in seen:
+                        seen.add(other)
+                        stack.append(other)
+    return flows, seen
+
+
+@given(launch_plans())
+@settings(max_examples=80, deadline=None)
+def test_groups_none_of_whose_flows_ended_are_whole_components(case):
+    """The component search takes a group whole when none of its flows has ended since it was found: such a group
+    must be exactly a connected component of the network (its flows and its busy resources)."""
+    capacities, routes, batches = case
+    net = FlowNetwork(LatencyTable(capacities, routes))
+    for start_s, batch in batches:
+        net.advance(start_s)
+        for src, size, cap, with_latency in batch:
+            net.start(Flow(src, src + 1000, size, cap), with_latency=with_latency)
+        net.next_event_s()
+        groups = {id(g): g for g in net._group.values()}.values()
+        for group in groups:
+            assert set(group.resources) <= set(net._on)
+            if not group.split:
+                assert (group.flows, group.resources) == _true_component(net, next(iter(group.resources)))
+        assert all(resource in net._group for resource in net._on)   # rated, hence grouped
+    net.run()
+    assert not net._on
+
+
+def test_a_component_cut_in_two_by_an_ending_flow_is_two_groups():
+    """A and B are joined only through C; once C ends, a new flow on A's link re-rates A alone, not B."""
+    capacities = [10.0, 1 / 3, 3.0]
+    routes = {(0, 1000): ((0, 1),), (1, 1001): ((2, 1),), (2, 1002): ((0, 1), (1, 1), (2, 1)),
+              (3, 1003): ((0, 1),)}
+    net = FlowNetwork(TableNetwork(capacities, routes))
+    a, b, c = (net.start(Flow(src, src + 1000, size)) for src, size in ((0, 50.0), (1, 50.0), (2, 0.1)))
+    assert [d.flow_id for d in net.advance(1.0)] == [c]
+    net.next_event_s()
+    b_state = (net._active[b].updated_s, net._active[b].remaining)
+    d = net.start(Flow(3, 1003, 5.0))
+    net.next_event_s()
+    assert net._group[0].flows == {a, d} and net._group[2].flows == {b}
+    assert (net._active[b].updated_s, net._active[b].remaining) == b_state    # B was not re-rated
+    assert net.run() and not net._on
+
+
+@given(launch_plans())
+@settings(max_examples=60, deadline=None)
+def test_batched_starts_and_delivered_ids_match_one_by_one(case):
+    capacities, routes, batches = case
+    table = LatencyTable(capacities, routes)
+    single, batched = FlowNetwork(table), FlowNetwork(table)
+    for start_s, batch in batches:
+        assert [d.flow_id for d in single.advance(start_s)] == batched.advance_ids(start_s)
+        for with_latency in (False, True):
+            flows = [Flow(src, src + 1000, size, cap) for src, size, cap, w in batch if w == with_latency]
+            ids = [single.start(flow, with_latency=with_latency) for flow in flows]
+            assert list(batched.start_many(flows, with_latency=with_latency)) == ids
+        assert single.next_event_s() == batched.next_event_s()
+    assert [(d.flow_id, d.start_s, d.end_s) for d in single.run()] == \
+        [(d.flow_id, d.start_s, d.end_s) for d in batched.run()]
+
+
+def _footprint_from_lowering(topology, kind, group, size):
+    """NetworkModel._any_footprint without its shortcuts: every candidate algorithm lowered on its own links."""
+    from simulator.network.collectives import candidates
+    from simulator.network.footprint import footprint
+    found = set()
+    first = {}
+    for algorithm, protocol in candidates(topology, kind, group):
+        first.setdefault(algorithm, protocol)
+    for algorithm, protocol in first.items():
+        found.update(footprint(topology, lower_collective(topology, kind, group, size, algorithm, protocol)))
+    return tuple(sorted(found))
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "hgx-h200", "pcie-8xa100", "pcie-4x4090"])
+def test_footprints_inside_one_server_are_those_of_server_0_moved(name):
+    import simpy
+    from simulator.engine.network_model import NetworkModel
+    topology = load_topology(name, nodes=3)
+    per = topology.gpus_per_node
+    rng = random.Random(5)
+    for node in (1, 2):
+        for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+            for _ in range(3):
+                local = rng.sample(range(per), rng.randint(2, per))
+                group = tuple(node * per + g for g in local)
+                model = NetworkModel(simpy.Environment(), topology, (0,))
+                assert model._any_footprint((kind, group, 1e6)) == \
+                    _footprint_from_lowering(topology, kind, group, 1e6), (name, kind, group)
+    with pytest.raises(TopologyError, match="node = 3"):
+        topology.local_offset(3)
+
+
+@pytest.mark.parametrize("name, nodes, rail_optimized", [("dgx-a100", 40, True), ("dgx-a100", 12, False),
+                                                         ("dgx-h100", 3, True), ("pcie-4x4090", 2, True)])
+def test_route_uses_and_resources_without_the_route_equal_the_route(name, nodes, rail_optimized):
+    import dataclasses
+    topology = load_topology(name, nodes=nodes)
+    if not rail_optimized:
+        fabric = dataclasses.replace(topology.fabric, rail_optimized=False, leaf_down_ports=16)
+        topology = dataclasses.replace(topology, fabric=fabric)
+    rng = random.Random(9)
+    components = topology._index.names
+    points = list(range(topology.num_gpus)) + [f"n{node}/{c}" for node in range(nodes) for c in components]
+    pairs = [(rng.choice(points), rng.choice(points)) for _ in range(1500)]
+    reference = dataclasses.replace(topology)       # a fresh copy: its routes are built first
+    repeats = 0
+    for a, b in pairs:
+        try:
+            expected = reference.route(a, b).resources
+        except TopologyError:                       # e.g. a switch that reaches no NIC
+            with pytest.raises(TopologyError):
+                topology.route_uses(a, b)
+            continue
+        assert topology.route_uses(a, b) == expected                     # before topology builds the route
+        assert topology.route_resources(a, b) == tuple(r for r, _ in expected)
+        repeats += any(n > 1 for _, n in expected)
+    assert repeats > 0 or name != "pcie-4x4090"     # host memory links are crossed twice there
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "pcie-8xa100", "pcie-4x4090"])
+def test_layout_link_class_is_that_of_the_groups_own_routes(name):
+    from simulator.network.collectives import _layout
+    topology = load_topology(name, nodes=3)
+    per = topology.gpus_per_node
+    rng = random.Random(3)
+    for _ in range(40):
+        group = tuple(sorted(rng.sample(range(topology.num_gpus), rng.randint(2, 2 * per))))
+        nodes = {}
+        for gpu in group:
+            nodes.setdefault(gpu // per, []).append(gpu)
+        pairs = [(a, b) for gpus in nodes.values() for a, b in zip(gpus, gpus[1:] + gpus[:1]) if a != b] or [(0, 1)]
+        nvlink = all(c == "nvlink" for a, b in pairs for c in topology.route(a, b).link_classes)
+        assert _layout(topology, group).intra == ("nvlink" if nvlink else "pci")

@@ -8,10 +8,12 @@ starts its flows). A send/recv pair launches when both sides are posted (NCCL: b
 a send or recv whose peer is not simulated launches when posted. With a `ParallelPlan`, the traffic of
 unsimulated ranks that the representatives stand for (the other TP/DP groups of a stage, the other
 stage-to-stage pairs) is started too, as *shadow* operations that nobody waits for but that load the
-links exactly as in a full simulation.
+links exactly as in a full simulation (the shadow sends of one send, when they share a latency, as one
+operation: `_shadow_transfers`).
 
 Given the programs up front (`programs=`), the model first works out which operations can interact
-(simulator/network/footprint.py: components of the union of every operation's links). A shadow whose
+(simulator/network/footprint.py: components of the union of every operation's links; a collective inside one
+server has the links of the same collective on server 0, moved). A shadow whose
 component holds no simulated rank's traffic cannot change any simulated time under max-min sharing and
 is not started. A collective whose component holds only collectives over its own group, posted by every
 simulated member from a single stream (so they never overlap), runs alone on its links: it is timed once
@@ -25,7 +27,7 @@ from collections import deque
 import simpy
 
 from simulator.errors import PlanError
-from simulator.network.collectives import CollectiveSchedule, candidates, lower_collective
+from simulator.network.collectives import CollectiveSchedule, Phase, candidates, lower_collective
 from simulator.network.footprint import (footprint, interference_components, isolated_duration_s,
                                          route_resources)
 from simulator.network.flows import FlowNetwork
@@ -109,6 +111,7 @@ class NetworkModel:
         self._footprints: dict[tuple, tuple[int, ...]] = {}   # (kind, group, moves bytes) -> any-algorithm links
         self._alone: dict[tuple[int, ...], bool] = {}     # group -> a poster is its only simulated member
         self._started_shadows: dict[tuple, tuple[tuple[tuple[int, ...], ...], int]] = {}   # -> (kept, dropped)
+        self._shadow_sends: dict[tuple, tuple[tuple[CollectiveSchedule, ...], int, int]] = {}   # _shadow_transfers
         if programs is not None:
             self._analyze(programs, isolate)
 
@@ -306,6 +309,15 @@ class NetworkModel:
             result = route_resources(self.topology, *group) if size > 0 else ()
             self._footprints[cache_key] = result
             return result
+        per = self.topology.gpus_per_node
+        node = group[0] // per
+        if node > 0 and all(gpu // per == node for gpu in group):
+            # Inside one server, lowering and routes do not depend on which server: take server 0's footprint
+            # of the same local group and move it to this server's links.
+            base = self._any_footprint((kind, tuple(gpu - node * per for gpu in group), size))
+            offset = self.topology.local_offset(node)
+            result = self._footprints[cache_key] = tuple(resource + offset for resource in base)
+            return result
         found: dict[int, None] = {}
         first_protocol: dict[str, str] = {}
         for algorithm, protocol in candidates(self.topology, kind, group):
@@ -416,12 +428,43 @@ class NetworkModel:
     # ----- driving the flow network -------------------------------------------------------------------------
     def _transfer(self, src: int, dst: int, size_bytes: float, waiters: list[Pending], label: str) -> None:
         self._launch(self._lower("send", (src, dst), size_bytes), waiters, label)
+        shadows, kept, dropped = self._shadow_transfers(src, dst, size_bytes)
+        for schedule in shadows:
+            self._launch(schedule, [], label)
+        self.shadow_operations += kept
+        self.shadows_dropped += dropped
+
+    def _shadow_transfers(self, src: int, dst: int,
+                          size_bytes: float) -> tuple[tuple[CollectiveSchedule, ...], int, int]:
+        """(schedules to launch, shadow sends kept, dropped) for a send src -> dst (remembered).
+
+        When every kept shadow send is one phase with the same latency (the usual case: one direct flow over
+        the same kind of path), they become one schedule with all their flows in order. Nobody waits for a
+        shadow, and their timers would fire at the same instant one after another (consecutive events, as they
+        are created together), each starting its flow without syncing the network again (the first start of an
+        instant syncs, later ones only add flows): one timer starting the flows in the same order does the same.
+        """
+        key = (src, dst, size_bytes)
+        found = self._shadow_sends.get(key)
+        if found is not None:
+            return found
+        schedules = []
         for a, b in self._shadow_pairs(src, dst):
             if self._kept is None or ("send", (a, b), size_bytes) in self._kept:
-                self._launch(self._lower("send", (a, b), size_bytes), [], label)
-                self.shadow_operations += 1
-            else:
-                self.shadows_dropped += 1
+                schedules.append(self._lower("send", (a, b), size_bytes))
+        kept = len(schedules)
+        dropped = len(self._shadow_pairs(src, dst)) - kept
+        moving = [schedule for schedule in schedules if schedule.phases]     # no phases: nothing to launch
+        if moving and all(len(s.phases) == 1 and s.phases[0].latency_s == moving[0].phases[0].latency_s
+                          for s in moving):
+            flows = tuple(flow for schedule in moving for flow in schedule.phases[0].flows)
+            merged = CollectiveSchedule("send", (), size_bytes, "direct", "simple",
+                                        (Phase(flows, moving[0].phases[0].latency_s),))
+            found = ((merged,), kept, dropped)
+        else:
+            found = (tuple(schedules), kept, dropped)
+        self._shadow_sends[key] = found
+        return found
 
     def _launch_isolated(self, key: tuple, waiters: list[Pending]) -> None:
         """Complete a link-isolated collective after its time alone on the network (module docstring)."""
@@ -464,11 +507,10 @@ class NetworkModel:
         if not self._refresh_pending:
             self._sync()      # else: synced at this very time already; only flows were added since
         flows = operation.schedule.phases[operation.phase].flows
-        for flow in flows:
-            flow_id = self.network.start(flow, with_latency=False)
-            self._owner[flow_id] = operation
-            operation.outstanding += 1
-        if not flows:
+        if flows:
+            self._owner.update(dict.fromkeys(self.network.start_many(flows, with_latency=False), operation))
+            operation.outstanding += len(flows)
+        else:
             operation.phase += 1
             self._begin_phase(operation)
         self._reschedule_soon()
@@ -496,8 +538,8 @@ class NetworkModel:
         """Bring the flow network to the simpy clock (or `until_s` if later); finish delivered phases."""
         until = max(self.env.now, self.network.now_s, until_s)
         finished: list[_Operation] = []
-        for delivery in self.network.advance(until):
-            operation = self._owner.pop(delivery.flow_id)
+        for flow_id in self.network.advance_ids(until):
+            operation = self._owner.pop(flow_id)
             operation.outstanding -= 1
             if operation.outstanding == 0:
                 finished.append(operation)

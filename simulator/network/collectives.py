@@ -16,6 +16,7 @@ NCCL's (src/graph/tuning.cc, NVIDIA/nccl@b6475625: baseLat + steps x hwLat).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,7 +118,10 @@ def _compute_layout(topology: Topology, group: tuple[int, ...]) -> _Layout:
     pairs = [(a, b) for gpus in nodes for a, b in zip(gpus, gpus[1:] + gpus[:1]) if a != b]
     if not pairs and topology.gpus_per_node > 1:
         pairs = [(0, 1)]     # one GPU per server: NCCL still classifies the server's own GPU links
-    nvlink = pairs and all(c == "nvlink" for a, b in pairs for c in topology.route(a, b).link_classes)
+    # A server-local route depends only on the two local indices: look at the same pair on server 0.
+    per = topology.gpus_per_node
+    local_pairs = dict.fromkeys((a % per, b % per) for a, b in pairs)
+    nvlink = pairs and all(c == "nvlink" for a, b in local_pairs for c in topology.route(a, b).link_classes)
     return _Layout(tuple(sorted(group)), nodes, counts.pop() if len(counts) == 1 else 0,
                    "nvlink" if nvlink else "pci")
 
@@ -151,9 +155,10 @@ def _check(topology: Topology, kind: str, group: Sequence[int], size_bytes: floa
     members = tuple(group)
     if not members:
         raise TopologyError(f"{kind}: group = []: must name at least one GPU")
+    limit = topology.num_gpus
     for gpu in members:
-        if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < topology.num_gpus:
-            raise TopologyError(f"{kind}: group member {gpu!r} must be a GPU id in 0..{topology.num_gpus - 1}")
+        if type(gpu) is not int and (isinstance(gpu, bool) or not isinstance(gpu, int)) or not 0 <= gpu < limit:
+            raise TopologyError(f"{kind}: group member {gpu!r} must be a GPU id in 0..{limit - 1}")
     if len(set(members)) != len(members):
         raise TopologyError(f"{kind}: group = {list(members)}: GPU ids must be distinct")
     if kind in ("send", "recv") and len(members) != 2:
@@ -252,6 +257,12 @@ def binary_tree_parents(n: int) -> list[int]:
     (Sanders, Speck and Traeff 2009, as NCCL's trees) load every position's links about equally. A parent
     beyond n is skipped for the next ancestor, which then has at most two children.
     """
+    return list(_tree_parents(n))
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_parents(n: int) -> tuple[int, ...]:
+    """binary_tree_parents(n), remembered (every collective over n servers builds the same trees)."""
     top = 1 << (n.bit_length() - 1) if n else 0
     parents = []
     for j in range(1, n + 1):
@@ -262,13 +273,13 @@ def binary_tree_parents(n: int) -> list[int]:
         while parent > n:
             parent = _in_order_parent(parent)
         parents.append(parent - 1)
-    return parents
+    return tuple(parents)
 
 
 def _tree_phase(layout: _Layout, size_bytes: float, protocol: str) -> list[Flow]:
     per, nodes = layout.per_node, len(layout.nodes)
     channels = per if nodes > 1 else 1
-    base = binary_tree_parents(nodes)
+    base = _tree_parents(nodes)
     if nodes > 1 and nodes % 2 == 0:
         mirrored = [nodes - 1 - base[nodes - 1 - i] if base[nodes - 1 - i] >= 0 else -1 for i in range(nodes)]
     else:
@@ -312,6 +323,8 @@ def _resolve(topology: Topology, kind: str, members: tuple[int, ...], size_bytes
     if algorithm is None or protocol is None:
         options = [pair for pair in allowed
                    if (algorithm is None or pair[0] == algorithm) and (protocol is None or pair[1] == protocol)]
+        if len(options) == 1:
+            return options[0]          # the fastest of one (no need to time it)
         if options:
             return _fastest(topology, kind, members, size_bytes, options)
     if (algorithm, protocol) not in allowed:
@@ -379,9 +392,8 @@ def simulate_schedule(topology: Topology, schedule: CollectiveSchedule) -> float
     network = FlowNetwork(topology)
     for phase in schedule.phases:
         network.advance(network.now_s + phase.latency_s)
-        for flow in phase.flows:
-            network.start(flow, with_latency=False)
-        network.run()
+        network.start_many(phase.flows, with_latency=False)
+        network.advance_ids(math.inf)
     return network.now_s
 
 
@@ -413,7 +425,11 @@ def _schedule_shape(topology: Topology, schedule: CollectiveSchedule) -> tuple:
     uses; resource ids only as keys and through their order (heap ties), and their capacities. Two schedules
     with equal shapes therefore give the same float operations and the same duration.
     """
-    routes = [[topology.route(flow.src, flow.dst).resources for flow in phase.flows] for phase in schedule.phases]
+    route_uses = getattr(topology, "route_uses", None)
+    if route_uses is None:
+        def route_uses(src, dst):
+            return topology.route(src, dst).resources
+    routes = [[route_uses(flow.src, flow.dst) for flow in phase.flows] for phase in schedule.phases]
     ids = sorted({resource for phase in routes for uses in phase for resource, _ in uses})
     number = {resource: i for i, resource in enumerate(ids)}
     phases = tuple(

@@ -1,11 +1,14 @@
 """A flow-level network: concurrent transfers share link capacity max-min fairly (progressive filling).
 
-`FlowNetwork` is event-driven. `start(flow)` begins a transfer at the current time; `advance(until_s)` moves
-time forward and returns the transfers delivered on the way; `run()` runs until nothing is left. Rates are
-max-min fair over the resources (link directions, shared links) of every active flow's route, computed by
-progressive filling and recomputed when a flow starts or finishes — only for the flows connected to it
-through shared resources (its component), so independent traffic is not touched. A flow occupies its
-links until its bytes are sent and is delivered `latency_s` (its route's latency) later.
+`FlowNetwork` is event-driven. `start(flow)` (or `start_many`) begins transfers at the current time;
+`advance(until_s)` (or `advance_ids`) moves time forward and returns the transfers delivered on the way; `run()`
+runs until nothing is left. Rates are max-min fair over the resources (link directions, shared links) of every
+active flow's route, computed by progressive filling (simulator/network/filling.py) and recomputed when a flow
+starts or finishes — only for the flows connected to it through shared resources (its component), so
+independent traffic is not touched. Components found are kept as groups and taken whole while none of their
+flows ends; a component whose flows all end at one rate gets it without filling (`filling.one_level`); large
+components' rates are remembered by shape. A flow occupies its links until its bytes are sent and is delivered
+`latency_s` (its route's latency) later.
 
 Works on any routing model with `route(src, dst) -> Route` and `capacity_bytes_per_s(resource) -> float`
 (a `Topology`, or a small table in tests). Deterministic: ties break by flow id and resource id.
@@ -15,12 +18,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from simulator.errors import TopologyError
+from simulator.network.filling import fill_rates, max_min_rates, one_level
 from simulator.network.topology import Route
+
+__all__ = ["Delivery", "Flow", "FlowNetwork", "RoutingModel", "max_min_rates"]
 
 # Events closer than this (relative) are processed together: symmetric flows finish in one step.
 _SAME_TIME = 1e-12
@@ -28,6 +34,10 @@ _SAME_TIME = 1e-12
 _MEMO_MIN_FLOWS = 64
 # ... in at most this many entries (the oldest is forgotten first).
 _MEMO_ENTRIES = 256
+
+
+def _delivery_order(delivered: tuple[float, int, _Active]) -> tuple[float, int]:
+    return delivered[0], delivered[1]
 
 
 class RoutingModel(Protocol):
@@ -49,6 +59,9 @@ class Flow:
     tag: str = ""
 
     def __post_init__(self) -> None:
+        size, cap = self.size_bytes, self.max_bytes_per_s
+        if type(size) is float and 0.0 <= size < math.inf and (cap is None or type(cap) is float and cap > 0.0):
+            return      # the usual case, checked in full below
         if isinstance(self.size_bytes, bool) or not isinstance(self.size_bytes, (int, float)) \
                 or not math.isfinite(self.size_bytes) or self.size_bytes < 0:
             raise TopologyError(f"flow {self.src}->{self.dst}: size_bytes = {self.size_bytes!r} must be a "
@@ -88,6 +101,21 @@ class _Active:
         self.end_s = math.nan       # end of transmission of the flow's valid `_finish` entry (nan: none yet)
 
 
+class _Group:
+    """A connected component as the last `_components` found it: its flows and resources (FlowNetwork._group).
+
+    `split` is set when one of its flows has ended since: the rest may no longer be connected.
+    """
+
+    __slots__ = ("flows", "resources", "split", "mark")
+
+    def __init__(self, flows: set[int], resources: set[int]) -> None:
+        self.flows = flows
+        self.resources = resources
+        self.split = False
+        self.mark = 0
+
+
 class FlowNetwork:
     """Transfers over a topology with max-min fair sharing, advanced event by event (see the module docstring)."""
 
@@ -104,9 +132,12 @@ class FlowNetwork:
         self._routes: dict[tuple, tuple] = {}
         self._finish: list[tuple[float, int, int]] = []    # (end of transmission, flow id, version)
         self._arrive: list[tuple[float, int]] = []         # (delivery, flow id) after the route latency
-        self._sent: dict[int, tuple[_Active, float]] = {}  # transmitted, waiting for their latency
+        self._sent: dict[int, _Active] = {}          # transmitted, waiting for their latency
         self._shapes: dict[tuple, int] = {}          # (route resources, rate cap) -> small id
         self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}   # component shapes -> rates (_refresh)
+        self._levels: dict[tuple, tuple[float, float]] = {}    # filling.one_level's share ranges
+        self._group: dict[int, _Group] = {}          # busy resource -> its component at the last _components
+        self._stamp = 0                              # _components call counter (marks groups taken whole)
 
     @property
     def now_s(self) -> float:
@@ -129,38 +160,52 @@ class FlowNetwork:
         Returns:
             The flow id (increasing from 0 in start order).
         """
-        src, dst = flow.src, flow.dst
-        known = self._routes.get((src, dst))
-        if known is None:
-            known = self._route(src, dst)
-        uses, res, keys, latency_s, shape = known
-        flow_id = self._next_id
-        self._next_id += 1
-        cap = flow.max_bytes_per_s
-        if cap is not None:
-            cap = float(cap)
-            cap_resource = -1 - flow_id          # a private resource holding the flow's own cap
-            self._capacity[cap_resource] = cap
-            shapes = self._shapes
-            shape = shapes.setdefault((uses, cap), len(shapes))
-            uses = uses + ((cap_resource, 1),)
-            res = res + (cap_resource,)
-            keys = dict.fromkeys(res)
-        active = _Active(flow, self._now, uses, res, keys, latency_s if with_latency else 0.0, shape)
-        if flow.size_bytes == 0 or not uses:
-            self._sent[flow_id] = (active, self._now)
-            heapq.heappush(self._arrive, (self._now + active.latency_s, flow_id))
-            return flow_id
-        self._active[flow_id] = active
-        on = self._on
-        for resource, count in uses:
-            flows = on.get(resource)
-            if flows is None:
-                on[resource] = {flow_id: count}
+        return self.start_many((flow,), with_latency=with_latency).start
+
+    def start_many(self, flows: Iterable[Flow], *, with_latency: bool = True) -> range:
+        """Start every flow of `flows` now, in order: the same as `start` on each in turn.
+
+        Args:
+            flows: the transfers.
+            with_latency: as for `start`, for all of them.
+
+        Returns:
+            Their ids (consecutive, in the order of `flows`).
+        """
+        first = flow_id = self._next_id
+        routes, on, active_of, dirty = self._routes, self._on, self._active, self._dirty
+        now = self._now
+        for flow in flows:
+            known = routes.get((flow.src, flow.dst))
+            if known is None:
+                known = self._route(flow.src, flow.dst)
+            uses, res, keys, latency_s, shape = known
+            cap = flow.max_bytes_per_s
+            if cap is not None:
+                cap = float(cap)
+                cap_resource = -1 - flow_id          # a private resource holding the flow's own cap
+                self._capacity[cap_resource] = cap
+                shapes = self._shapes
+                shape = shapes.setdefault((uses, cap), len(shapes))
+                uses = uses + ((cap_resource, 1),)
+                res = res + (cap_resource,)
+                keys = dict.fromkeys(res)
+            active = _Active(flow, now, uses, res, keys, latency_s if with_latency else 0.0, shape)
+            if flow.size_bytes == 0 or not uses:
+                self._sent[flow_id] = active
+                heapq.heappush(self._arrive, (now + active.latency_s, flow_id))
             else:
-                flows[flow_id] = count
-        self._dirty.update(keys)
-        return flow_id
+                active_of[flow_id] = active
+                for resource, count in uses:
+                    crossing = on.get(resource)
+                    if crossing is None:
+                        on[resource] = {flow_id: count}
+                    else:
+                        crossing[flow_id] = count
+                dirty.update(keys)
+            flow_id += 1
+            self._next_id = flow_id
+        return range(first, flow_id)
 
     def _route(self, src: int | str, dst: int | str) -> tuple:
         """Remember what `start` needs of the route src -> dst (the link capacities included)."""
@@ -216,9 +261,25 @@ class FlowNetwork:
         Returns:
             Flows delivered on the way, by (end time, flow id).
         """
+        return [Delivery(flow_id, active.flow, active.start_s, end_s)
+                for end_s, flow_id, active in self._advance(until_s)]
+
+    def advance_ids(self, until_s: float) -> list[int]:
+        """`advance(until_s)`, returning only the ids of the flows delivered (in the same order)."""
+        return [flow_id for _, flow_id, _ in self._advance(until_s)]
+
+    def run(self) -> list[Delivery]:
+        """Advance until every flow is delivered; returns the deliveries."""
+        return self.advance(math.inf)
+
+    # ----- internals ---------------------------------------------------------------------------------------
+    def _advance(self, until_s: float) -> list[tuple[float, int, _Active]]:
+        """`advance`'s work: (delivery time, flow id, flow state) of the flows delivered, sorted."""
         if until_s < self._now:
             raise TopologyError(f"advance: until_s = {until_s!r} is before now_s = {self._now!r}")
-        delivered: list[Delivery] = []
+        delivered: list[tuple[float, int, _Active]] = []
+        finish, arrive, active_of, sent = self._finish, self._arrive, self._active, self._sent
+        heappop = heapq.heappop
         while True:
             event = self.next_event_s()
             if event is None or event > until_s:
@@ -226,42 +287,51 @@ class FlowNetwork:
             self._now = max(self._now, event)
             horizon = event + _SAME_TIME * max(event, 1e-9)
             ended = []
-            while self._finish and self._finish[0][0] <= horizon:
-                end_s, flow_id, version = heapq.heappop(self._finish)
-                active = self._active.get(flow_id)
+            while finish and finish[0][0] <= horizon:
+                end_s, flow_id, version = heappop(finish)
+                active = active_of.get(flow_id)
                 if active is not None and active.version == version:
                     ended.append(flow_id)
-            for flow_id in ended:
-                self._end_transmission(flow_id)
-            while self._arrive and self._arrive[0][0] <= horizon:
-                arrive_s, flow_id = heapq.heappop(self._arrive)
-                active, _ = self._sent.pop(flow_id)
-                delivered.append(Delivery(flow_id, active.flow, active.start_s, max(arrive_s, active.start_s)))
+            if ended:
+                self._end_transmissions(ended)
+            while arrive and arrive[0][0] <= horizon:
+                arrive_s, flow_id = heappop(arrive)
+                active = sent.pop(flow_id)
+                start_s = active.start_s
+                delivered.append((start_s if start_s > arrive_s else arrive_s, flow_id, active))   # max(arrive, start)
         if math.isfinite(until_s):
             self._now = max(self._now, until_s)
-        delivered.sort(key=lambda d: (d.end_s, d.flow_id))
+        delivered.sort(key=_delivery_order)
         return delivered
 
-    def run(self) -> list[Delivery]:
-        """Advance until every flow is delivered; returns the deliveries."""
-        return self.advance(math.inf)
-
-    # ----- internals ---------------------------------------------------------------------------------------
-    def _end_transmission(self, flow_id: int) -> None:
-        active = self._active.pop(flow_id)
-        active.remaining = 0.0
-        active.rate = 0.0
-        on = self._on
-        for resource in active.res:
-            flows = on[resource]
-            del flows[flow_id]
-            if not flows:
-                del on[resource]
-                if resource < 0:
-                    del self._capacity[resource]
-        self._dirty.update(active.seeds)   # a resource left idle is no seed (_components)
-        self._sent[flow_id] = (active, self._now)
-        heapq.heappush(self._arrive, (self._now + active.latency_s, flow_id))
+    def _end_transmissions(self, ended: list[int]) -> None:
+        """Flows `ended` (in this order) have sent their last byte now: free their resources, await delivery."""
+        active_of, on, group_of, capacity, sent, arrive = (self._active, self._on, self._group, self._capacity,
+                                                           self._sent, self._arrive)
+        dirty = self._dirty
+        now = self._now
+        heappush = heapq.heappush
+        for flow_id in ended:
+            active = active_of.pop(flow_id)
+            active.remaining = 0.0
+            active.rate = 0.0
+            group = group_of.get(active.res[0])
+            if group is not None:           # (every flow was rated, hence grouped, before it can end)
+                group.flows.discard(flow_id)
+                group.split = True
+            for resource in active.res:
+                crossing = on[resource]
+                del crossing[flow_id]
+                if not crossing:
+                    del on[resource]
+                    if group is not None:
+                        group.resources.discard(resource)
+                        del group_of[resource]
+                    if resource < 0:
+                        del capacity[resource]
+            dirty.update(active.seeds)   # a resource left idle is no seed (_components)
+            sent[flow_id] = active
+            heappush(arrive, (now + active.latency_s, flow_id))
 
     def _drop_stale(self) -> None:
         while self._finish:
@@ -320,20 +390,30 @@ class FlowNetwork:
                     heappush(finish, (end, flow_id, active.version))
 
     def _fill_component(self, ids: list[int], flows: list[_Active], resources: Iterable[int]) -> tuple[float, ...]:
-        """Rates of one component's flows (`ids` increasing, `flows` their states), in that order."""
+        """Rates of one component's flows (`ids` increasing, `flows` their states), in that order: one level when
+        `one_level` recognises it, else by filling."""
         capacity, on = self._capacity, self._on
+        level = one_level(capacity, on, resources, flows, self._levels)
+        if level is not None:
+            return (level,) * len(ids)
         rates: dict[int, float] = {}
-        _fill({r: capacity[r] for r in resources}, {r: sum(on[r].values()) for r in resources}, on,
-              {flow_id: active.uses for flow_id, active in zip(ids, flows)}, resources, rates)
+        fill_rates({r: capacity[r] for r in resources}, {r: sum(on[r].values()) for r in resources}, on,
+                   {flow_id: active.uses for flow_id, active in zip(ids, flows)}, resources, rates)
         return tuple([rates[flow_id] for flow_id in ids])
 
     def _components(self, seeds: Iterable[int]) -> list[tuple[set[int], set[int]]]:
         """The connected components (active flow ids, resource ids) holding `seeds` (idle seeds are skipped).
 
         Breadth-first, a whole frontier at a time with set operations (the components are sets: whoever uses
-        them orders what needs an order).
+        them orders what needs an order). Components found are remembered as groups (`_Group`): a group none of
+        whose flows has ended since is still connected and, away from the seeds (the resources of every flow
+        started or ended since), still has exactly its flows; so the search takes such a group whole when it
+        reaches it and looks only at the group's seeds, instead of walking it flow by flow.
         """
-        on, active = self._on, self._active
+        on, active, group_of = self._on, self._active, self._group
+        self._stamp += 1
+        stamp = self._stamp
+        dirty = set(seeds)
         seen: set[int] = set()
         components = []
         for seed in seeds:
@@ -341,9 +421,28 @@ class FlowNetwork:
                 continue
             resources = {seed}
             found: set[int] = set()
-            frontier: Iterable[int] = resources
+            base = None             # the group taken whole that becomes this component's group, if any
+            relabel = [resources]   # resources not of `base`
+            frontier: Iterable[int] = (seed,)
             while frontier:
-                new_flows = set().union(*[on[r] for r in frontier])
+                scan = []
+                for resource in frontier:
+                    group = group_of.get(resource)
+                    if group is None or group.split:
+                        scan.append(resource)
+                    elif group.mark != stamp:
+                        group.mark = stamp
+                        if base is None and len(group.flows) >= len(found):
+                            base = group            # grow the largest group in place (fewer labels to change)
+                            group.flows |= found
+                            group.resources |= resources
+                            found, resources, relabel = group.flows, group.resources, [resources]
+                        else:
+                            found |= group.flows
+                            resources |= group.resources
+                            relabel.append(group.resources)
+                        scan.extend(group.resources & dirty)
+                new_flows = set().union(*[on[r] for r in scan])
                 new_flows -= found
                 if not new_flows:
                     break
@@ -351,119 +450,12 @@ class FlowNetwork:
                 frontier = set().union(*[active[flow_id].res for flow_id in new_flows])
                 frontier -= resources
                 resources |= frontier
+                relabel.append(frontier)
             seen |= resources
+            if base is None:
+                base = _Group(found, resources)
+                relabel = [resources]
+            for part in relabel:
+                group_of.update(dict.fromkeys(part, base))
             components.append((found, resources))
         return components
-
-
-def max_min_rates(capacities: dict[int, float], uses: dict[int, tuple[tuple[int, int], ...]]) -> dict[int, float]:
-    """Max-min fair rates by progressive filling.
-
-    All unfrozen flows rise together; a resource saturates when the weighted sum of its flows' rates (a flow
-    crossing it n times counts n times) reaches its capacity, and freezes its flows at that level.
-
-    Args:
-        capacities: resource id -> capacity in bytes/s (every resource used below must be present).
-        uses: flow id -> ((resource id, times crossed), ...); a flow with no resources gets math.inf.
-
-    Returns:
-        flow id -> rate in bytes/s.
-    """
-    weight: dict[int, float] = {r: 0.0 for r in capacities}
-    members: dict[int, list[int]] = {r: [] for r in capacities}
-    rates: dict[int, float] = {}
-    for flow_id in sorted(uses):
-        if not uses[flow_id]:
-            rates[flow_id] = math.inf
-        for resource, count in uses[flow_id]:
-            weight[resource] += count
-            members[resource].append(flow_id)
-    _fill(dict(capacities), weight, members, uses, list(capacities), rates)
-    return rates
-
-
-def _fill(remaining: dict[int, float], weight: dict[int, float], members: Mapping[int, Iterable[int]],
-          uses: Mapping[int, tuple[tuple[int, int], ...]], resources: Iterable[int], rates: dict[int, float]) -> None:
-    """Progressive filling: freeze every flow of `uses` into `rates` (both dicts are consumed).
-
-    The loop is the textbook one: take the resource of lowest fair share (ties: lowest id), give its
-    unfrozen flows (in flow id order) that share, take their rates off every resource they cross, repeat.
-    `remaining` and `weight` (capacity left and times crossed by unfrozen flows, per resource) change only
-    there, by the same float operations in the same order whatever the heap holds, so the rates depend only
-    on which resource is taken at each step. The heap keeps, for every resource still in play, an entry
-    no larger than its current share (`floor`): a share that grows (the usual case, as frozen flows leave
-    their links) is not pushed at once, only when its old entry comes up; a share that shrinks (float
-    rounding) is pushed at once. An entry equal to the current share is taken; a lower one is pushed again
-    at the current share; a higher one is stale. So each step takes the least (share, id), as a heap
-    refreshed after every change would, with far fewer pushes. Infinite capacities (inf - inf is nan, which
-    no heap orders) take `_fill_eager`, the refresh-after-every-change loop.
-
-    Args:
-        remaining: resource -> capacity (bytes/s), every resource of the flows.
-        weight: resource -> total times crossed by the flows of `uses`.
-        members: resource -> the flows crossing it, in increasing flow id.
-        uses: flow id -> ((resource, times crossed), ...) of the flows to rate.
-        resources: the resources, in any order.
-        rates: receives flow id -> rate.
-    """
-    if not all(math.isfinite(c) for c in remaining.values()):
-        _fill_eager(remaining, weight, members, uses, resources, rates)
-        return
-    heap = [(remaining[r] / weight[r], r) for r in resources if weight[r] > 0]
-    floor = dict((r, share) for share, r in heap)
-    heapq.heapify(heap)
-    heappop, heappush = heapq.heappop, heapq.heappush
-    while heap:
-        share, resource = heappop(heap)
-        w = weight[resource]
-        if w <= 0:
-            continue
-        left = remaining[resource]
-        current = (0.0 if 0.0 > left else left) / w         # max(left, 0.0) / w
-        if current != share:
-            if share < current:                          # a floor entry come up: queue the share it grew to
-                heappush(heap, (current, resource))
-                floor[resource] = current
-            continue
-        for flow_id in members[resource]:
-            if flow_id in rates:
-                continue
-            rates[flow_id] = current
-            for other, count in uses[flow_id]:
-                left = remaining[other] = remaining[other] - current * count
-                w = weight[other] = weight[other] - count
-                if w > 0 and other != resource:
-                    fresh = (0.0 if 0.0 > left else left) / w
-                    if fresh < floor[other]:             # the share shrank (rounding): queue it now
-                        heappush(heap, (fresh, other))
-                        floor[other] = fresh
-        weight[resource] = 0
-
-
-def _fill_eager(remaining: dict[int, float], weight: dict[int, float], members: Mapping[int, Iterable[int]],
-                uses: Mapping[int, tuple[tuple[int, int], ...]], resources: Iterable[int],
-                rates: dict[int, float]) -> None:
-    """`_fill` with a fresh heap entry for every resource a step changed (any capacities, infinite included)."""
-    heap = [(remaining[r] / weight[r], r) for r in sorted(resources) if weight[r] > 0]
-    heapq.heapify(heap)
-    while heap:
-        share, resource = heapq.heappop(heap)
-        if weight[resource] <= 0:
-            continue
-        current = max(remaining[resource], 0.0) / weight[resource]
-        if current != share:
-            continue    # stale: every change of a resource pushed a fresh entry
-        touched: dict[int, None] = {}
-        for flow_id in members[resource]:
-            if flow_id in rates:
-                continue
-            rates[flow_id] = current
-            for other, count in uses[flow_id]:
-                remaining[other] -= current * count
-                weight[other] -= count
-                touched[other] = None
-        weight[resource] = 0
-        # One fresh entry per changed resource (pushing after every flow only adds entries that go stale).
-        for other in touched:
-            if weight[other] > 0 and other != resource:
-                heapq.heappush(heap, (max(remaining[other], 0.0) / weight[other], other))

@@ -25,11 +25,12 @@ def footprint(topology: RoutingModel, schedule: CollectiveSchedule) -> tuple[int
     Returns:
         The resource ids; empty when the schedule moves no bytes over any link.
     """
+    pairs = dict.fromkeys((flow.src, flow.dst) for phase in schedule.phases for flow in phase.flows
+                          if flow.size_bytes != 0)
+    fast = getattr(topology, "route_resources", None)
     found: dict[int, None] = {}
-    for phase in schedule.phases:
-        for flow in phase.flows:
-            if flow.size_bytes != 0:
-                found.update(dict.fromkeys(route_resources(topology, flow.src, flow.dst)))
+    for src, dst in pairs:
+        found.update(dict.fromkeys(fast(src, dst) if fast is not None else route_resources(topology, src, dst)))
     return tuple(sorted(found))
 
 
@@ -65,20 +66,29 @@ def interference_components(footprints: Mapping[Hashable, tuple[int, ...]]) -> d
     # Operations often share one footprint tuple (footprints are cached per group): union each once. The roots
     # do not depend on the order of the unions (every root is its component's smallest id).
     distinct = list({id(resources): resources for resources in footprints.values()}.values())
+    get = parent.get
     for resources in distinct:
-        if not resources:
-            continue
-        for resource in resources:
-            parent.setdefault(resource, resource)
-        root = find(resources[0])
-        for resource in resources[1:]:
-            other = find(resource)
-            if other != root:
-                if other < root:
-                    parent[root] = other          # the smallest id is the root
-                    root = other
+        root = -1                                 # the least root met so far among `resources`
+        for resource in resources:                # (sorted: a new resource is above every root met)
+            node = get(resource)
+            if node is None:                      # not seen before: join the current root directly
+                parent[resource] = resource if root < 0 else root
+                if root < 0:
+                    root = resource
+                continue
+            top = parent[node]
+            while top != node:                    # find the root ...
+                node, top = top, parent[top]
+            if parent[resource] != node:
+                parent[resource] = node           # ... and point straight at it
+            if root < 0:
+                root = node
+            elif node != root:
+                if node < root:
+                    parent[root] = node           # the smallest id is the root
+                    root = node
                 else:
-                    parent[other] = root
+                    parent[node] = root
     roots = {id(resources): find(resources[0]) if resources else -1 for resources in distinct}
     return {key: roots[id(resources)] for key, resources in footprints.items()}
 

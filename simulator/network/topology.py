@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import heapq
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -26,10 +25,9 @@ import networkx as nx
 
 from simulator.errors import TopologyError
 from simulator.hardware.catalog import DeviceSpec, get_device
+from simulator.network.server import _PS, ROUTE_REFERENCE_BYTES, ServerIndex
 from simulator.network.spec import FabricSpec, LinkKind, ServerSpec, read_server, validate_fabric
 
-ROUTE_REFERENCE_BYTES = 2**20   # routes minimise the time to move this many bytes hop by hop
-_PS = 1e12
 _ENDPOINT = re.compile(r"^n(\d+)/(.+)$")
 
 
@@ -44,98 +42,22 @@ class Route:
     link_classes: tuple[str, ...]            # class of every hop, in order
 
 
-class _Server:
-    """Index of one server: local names, directed edges with local resources, cached shortest paths."""
+@dataclass(frozen=True)
+class _Constants:
+    """Numbers of a Topology that the hot paths (resource ids, capacities) read many times, computed once."""
 
-    def __init__(self, spec: ServerSpec) -> None:
-        self.spec = spec
-        self.names = [f"gpu{i}" for i in range(spec.gpus)] + [c.name for c in spec.components]
-        self.kinds = ["gpu"] * spec.gpus + [c.kind for c in spec.components]
-        self.index = {name: i for i, name in enumerate(self.names)}
-        self.edges: list[tuple[int, int, LinkKind, int]] = []
-        capacities: list[float] = []
-        for connection in spec.connections:
-            link = spec.link(connection.link)
-            group = len(capacities)
-            if connection.shared == "all":
-                capacities.append(link.bytes_per_s)
-            for a, b in connection.pairs:
-                u, v = self.index[a], self.index[b]
-                if connection.shared == "all":
-                    forward = backward = group
-                elif connection.shared == "pair":
-                    forward = backward = len(capacities)
-                    capacities.append(link.bytes_per_s)
-                else:
-                    forward, backward = len(capacities), len(capacities) + 1
-                    capacities.extend([link.bytes_per_s, link.bytes_per_s])
-                self.edges.append((u, v, link, forward))
-                self.edges.append((v, u, link, backward))
-        self.capacities = capacities
-        self.out: list[list[tuple[int, int]]] = [[] for _ in self.names]
-        for e, (u, v, _, _) in enumerate(self.edges):
-            self.out[u].append((v, e))
-        for hops in self.out:
-            hops.sort()
-        self.cost = [int(round((link.latency_s + ROUTE_REFERENCE_BYTES / link.bytes_per_s) * _PS))
-                     for _, _, link, _ in self.edges]
-        self.transit = [kind != "gpu" for kind in self.kinds]
-        self.nics = [i for i, kind in enumerate(self.kinds) if kind == "nic"]
-        self._paths: dict[int, dict[int, tuple[int, tuple[int, ...]]]] = {}
-        self._edge_of = {(u, v): e for e, (u, v, _, _) in enumerate(self.edges)}
-        for g in range(spec.gpus):
-            for h in range(spec.gpus):
-                if g != h and h not in self.paths_from(g):
-                    raise TopologyError(f"{spec.path}: gpu{h} cannot be reached from gpu{g} (check [[connect]])")
-        if spec.nic_of_gpu is not None:
-            self.gpu_rail = [self.nics.index(self.index[name]) for name in spec.nic_of_gpu]
-        else:
-            self.gpu_rail = [self.nearest_rail(g, outbound=True) if self.nics else -1 for g in range(spec.gpus)]
-
-    def paths_from(self, src: int) -> dict[int, tuple[int, tuple[int, ...]]]:
-        """Shortest (cost, node path) from local `src` to every reachable local node; GPUs are not transit."""
-        done = self._paths.get(src)
-        if done is not None:
-            return done
-        done = {}
-        heap: list[tuple[int, tuple[int, ...]]] = [(0, (src,))]
-        best = {src: heap[0]}
-        while heap:
-            cost, path = heapq.heappop(heap)
-            u = path[-1]
-            if u in done:
-                continue
-            done[u] = (cost, path)
-            if u != src and not self.transit[u]:
-                continue
-            for v, e in self.out[u]:
-                if v in done:
-                    continue
-                candidate = (cost + self.cost[e], path + (v,))
-                if v not in best or candidate < best[v]:
-                    best[v] = candidate
-                    heapq.heappush(heap, candidate)
-        self._paths[src] = done
-        return done
-
-    def edge_path(self, src: int, dst: int) -> list[int]:
-        """Local edge indices of the shortest path src -> dst (raises if unreachable)."""
-        found = self.paths_from(src).get(dst)
-        if found is None:
-            raise TopologyError(f"{self.spec.path}: no path from {self.names[src]} to {self.names[dst]}")
-        path = found[1]
-        return [self._edge_of[(path[i], path[i + 1])] for i in range(len(path) - 1)]
-
-    def nearest_rail(self, local: int, outbound: bool) -> int:
-        """Rail (index into the NIC list) nearest to `local`: leaving (outbound) or arriving; ties -> lowest."""
-        options = []
-        for rail, nic in enumerate(self.nics):
-            found = self.paths_from(local).get(nic) if outbound else self.paths_from(nic).get(local)
-            if found is not None:
-                options.append((found[0], rail))
-        if not options:
-            raise TopologyError(f"{self.spec.path}: {self.names[local]} reaches no NIC")
-        return min(options)[1]
+    gpus: int                 # per server
+    rails: int
+    nodes: int
+    local_count: int          # resources per server
+    base: int                 # first fabric resource id (NIC ports)
+    spines: int
+    nic_end: int              # first leaf <-> spine resource id
+    resource_count: int
+    nic_bytes_per_s: float
+    uplink_bytes_per_s: float
+    rail_optimized: bool
+    leaf_down_ports: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,13 +66,13 @@ class Topology:
 
     server: ServerSpec
     fabric: FabricSpec          # fabric.nodes servers; the fabric is used only when there are two or more
-    _index: _Server = field(init=False, repr=False, compare=False)
+    _index: ServerIndex = field(init=False, repr=False, compare=False)
     _routes: dict = field(init=False, repr=False, compare=False)
     _derived: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_fabric(self.fabric, self.server.path)
-        index = _Server(self.server)
+        index = ServerIndex(self.server)
         if self.nodes > 1 and not index.nics:
             raise TopologyError(f"{self.server.path}: nodes = {self.nodes}: the server has no NIC to join a fabric")
         if self.nodes > 1 and not self.fabric.rail_optimized and self.fabric.leaf_down_ports < len(index.nics):
@@ -262,16 +184,43 @@ class Topology:
 
     def capacity_bytes_per_s(self, resource: int) -> float:
         """Payload capacity of a resource id."""
-        if resource < 0 or resource >= self.resource_count:
-            raise TopologyError(f"topology {self.name}: resource {resource} out of range 0..{self.resource_count - 1}")
-        if resource < self._fabric_base:
-            return self._index.capacities[resource % self._local_resources]
-        if resource < self._fabric_base + self._nic_resources:
-            return self.server.link(self.fabric.link).bytes_per_s
-        return self.uplink_bytes_per_s
+        k = self._constants()
+        if resource < 0 or resource >= k.resource_count:
+            raise TopologyError(f"topology {self.name}: resource {resource} out of range 0..{k.resource_count - 1}")
+        if resource < k.base:
+            return self._index.capacities[resource % k.local_count]
+        if resource < k.nic_end:
+            return k.nic_bytes_per_s
+        return k.uplink_bytes_per_s
+
+    def local_offset(self, node: int) -> int:
+        """What to add to the id of a link inside server 0 to get the same link inside server `node`.
+
+        Server-local resource ids are numbered server by server (`node * resources per server + local id`), so a
+        route between two components of one server is that of server 0 shifted by this offset.
+        """
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < self.nodes:
+            raise TopologyError(f"topology {self.name}: node = {node!r} must be an integer in 0..{self.nodes - 1}")
+        return node * self._local_resources
+
+    def _constants(self) -> _Constants:
+        """The topology's `_Constants` (computed on first use)."""
+        found = self._derived.get("constants")
+        if found is None:
+            fabric = self.fabric
+            found = self._derived["constants"] = _Constants(
+                self.server.gpus, self.rails, self.nodes, self._local_resources, self._fabric_base, self._spines,
+                self._fabric_base + self._nic_resources, self.resource_count,
+                self.server.link(fabric.link).bytes_per_s, self.uplink_bytes_per_s, fabric.rail_optimized,
+                fabric.leaf_down_ports)
+        return found
 
     # ----- routes ----------------------------------------------------------------------------------------------
     def _endpoint(self, point: int | str) -> tuple[int, int]:
+        if type(point) is int:                  # the usual case first
+            k = self._constants()
+            if 0 <= point < k.gpus * k.nodes:
+                return divmod(point, k.gpus)
         if isinstance(point, int) and not isinstance(point, bool):
             self._check_gpu(point)
             return point // self.server.gpus, point % self.server.gpus
@@ -319,14 +268,36 @@ class Topology:
         if route is not None:
             found = tuple(r for r, _ in route.resources)
         else:
-            found = self._compute_resources(self._endpoint(src), self._endpoint(dst))
+            found = tuple(sorted(set(self._resource_list(src, dst))))
         self._derived[key] = found
         return found
 
-    def _compute_resources(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, ...]:
-        """`_compute_route`'s resource ids, sorted and without repeats."""
+    def route_uses(self, src: int | str, dst: int | str) -> tuple[tuple[int, int], ...]:
+        """`route(src, dst).resources` — (resource id, times crossed), sorted — without building the route."""
+        key = ("route_uses", src, dst)
+        found = self._derived.get(key)
+        if found is not None:
+            return found
+        route = self._routes.get((src, dst))
+        if route is not None:
+            found = route.resources
+        else:
+            uses: dict[int, int] = {}
+            for resource in self._resource_list(src, dst):
+                uses[resource] = uses.get(resource, 0) + 1
+            found = tuple(sorted(uses.items()))
+        self._derived[key] = found
+        return found
+
+    def _resource_list(self, src: int | str, dst: int | str) -> list[int]:
+        """The resource id of every hop of `route(src, dst)`, in no particular order (repeats kept)."""
+        return self._compute_resources(self._endpoint(src), self._endpoint(dst))
+
+    def _compute_resources(self, a: tuple[int, int], b: tuple[int, int]) -> list[int]:
+        """`_compute_route`'s resource id of every hop (the same multiset; repeats kept, not sorted)."""
         index = self._index
-        local_count = self._local_resources
+        k = self._constants()
+        gpus, rails, nodes, local_count, base, spines = k.gpus, k.rails, k.nodes, k.local_count, k.base, k.spines
 
         def local(node: int, src: int, dst: int) -> list[int]:
             key = ("local_resources", src, dst)
@@ -338,20 +309,24 @@ class Topology:
         if a[0] == b[0]:
             ids = local(a[0], a[1], b[1])
         else:
-            out_rail = index.gpu_rail[a[1]] if a[1] < self.server.gpus else index.nearest_rail(a[1], True)
-            in_rail = index.gpu_rail[b[1]] if b[1] < self.server.gpus else index.nearest_rail(b[1], False)
+            out_rail = index.gpu_rail[a[1]] if a[1] < gpus else index.nearest_rail(a[1], True)
+            in_rail = index.gpu_rail[b[1]] if b[1] < gpus else index.nearest_rail(b[1], False)
             ids = local(a[0], a[1], index.nics[out_rail])
-            port_a, port_b = a[0] * self.rails + out_rail, b[0] * self.rails + in_rail
-            leaf_a, leaf_b = self.leaf_of(a[0], out_rail), self.leaf_of(b[0], in_rail)
-            base = self._fabric_base
+            port_a, port_b = a[0] * rails + out_rail, b[0] * rails + in_rail
+            if k.rail_optimized:       # leaf_of
+                per_leaf = k.leaf_down_ports
+                leaf_a, leaf_b = (a[0] // per_leaf) * rails + out_rail, (b[0] // per_leaf) * rails + in_rail
+            else:
+                per_leaf = k.leaf_down_ports // rails
+                leaf_a, leaf_b = a[0] // per_leaf, b[0] // per_leaf
             ids.append(base + 2 * port_a)
             if leaf_a != leaf_b:
-                spine = (port_a + port_b) % self._spines
-                up = base + 2 * self.nodes * self.rails
-                ids += [up + 2 * (leaf_a * self._spines + spine), up + 2 * (leaf_b * self._spines + spine) + 1]
+                spine = (port_a + port_b) % spines
+                up = base + 2 * nodes * rails
+                ids += [up + 2 * (leaf_a * spines + spine), up + 2 * (leaf_b * spines + spine) + 1]
             ids.append(base + 2 * port_b + 1)
             ids += local(b[0], index.nics[in_rail], b[1])
-        return tuple(sorted(set(ids)))
+        return ids
 
     def _compute_route(self, a: tuple[int, int], b: tuple[int, int]) -> Route:
         index = self._index
