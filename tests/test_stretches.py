@@ -28,15 +28,14 @@ def _steady(nodes: int, global_batch: int, **parallel) -> dict:
     return doc
 
 
-CASES = [
-    (4, 32, {"tp": 8, "pp": 4, "dp": 1, "sequence_parallel": True}),
-    (4, 48, {"tp": 8, "pp": 2, "dp": 2, "sequence_parallel": True}),
-    (2, 24, {"tp": 4, "pp": 4, "dp": 1}),
+CASES = [    # (nodes, global batch, parallel plan, also against every engine shortcut off)
+    (4, 32, {"tp": 8, "pp": 4, "dp": 1, "sequence_parallel": True}, True),
+    (4, 48, {"tp": 8, "pp": 2, "dp": 2, "sequence_parallel": True}, False),
 ]
 
 
-@pytest.mark.parametrize("nodes, global_batch, parallel", CASES)
-def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parallel):
+@pytest.mark.parametrize("nodes, global_batch, parallel, plain", CASES)
+def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parallel, plain):
     replayed = []
     real = Stretches.replay
 
@@ -50,10 +49,10 @@ def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parall
     fast = _everything(api.simulate(scenario_from_dict(doc)))
     assert sum(replayed) > 0           # the comparison below compares two different computations
     monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(stretches=False))
-    without = _everything(api.simulate(scenario_from_dict(doc)))
-    monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(rank_lookahead=False, repeats=False))
-    plain = _everything(api.simulate(scenario_from_dict(doc)))
-    assert fast == without == plain
+    assert fast == _everything(api.simulate(scenario_from_dict(doc)))
+    if plain:
+        monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(rank_lookahead=False, repeats=False))
+        assert fast == _everything(api.simulate(scenario_from_dict(doc)))
 
 
 _PHASES = ["fwd", "bwd_input", "bwd_weight", "recompute", "optimizer", "other"]
@@ -61,7 +60,7 @@ _span = st.tuples(st.sampled_from(_PHASES + [COMM_PHASE]), st.floats(0, 10), st.
                   st.integers(0, 2))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(streams=st.lists(st.lists(_span, max_size=30), min_size=1, max_size=3), bounds=st.tuples(st.floats(0, 5),
                                                                                                  st.floats(5, 12)))
 def test_column_sums_equal_the_span_loop(streams, bounds):
@@ -105,7 +104,7 @@ def _covered_loop(intervals, start_s: float, end_s: float) -> float:
 _time = st.floats(0, 100, allow_nan=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(intervals=st.lists(st.tuples(_time, _time).map(sorted).map(tuple), max_size=40),
        window=st.tuples(_time, _time).map(sorted))
 def test_union_length_equals_the_loop(intervals, window):
