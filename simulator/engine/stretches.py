@@ -13,7 +13,7 @@ really did; when equal, they are kept as a `StretchRecord`. A later stretch with
 position and shift relative to the period, whose instructions match the record one by one (ops by identity,
 durations, shifts, collectives' kind, group, size and stream positions), is applied from the record: its times
 are the start time plus the durations accumulated in the same order (so the same floats), everything else is
-copied. Results are identical to running it (tests/test_engine_shortcuts.py compares them).
+copied. Results are identical to running it (tests/test_stretches.py compares them).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class StretchRecord:
     runs: tuple                       # (position in the stretch, op, duration, iteration, low) of each run
     inlines: tuple                    # (position, stream, k - first k of that stream, kind, group, size, memory)
     durations: tuple                  # per step (a run or a collective), the time it adds
-    span_runs: tuple                  # per run: the Run (a span's info, engine/timelines.py)
+    span_runs: tuple                  # per run: the recorded Run, a span's info (only its op and iteration are read)
     span_steps: tuple                 # per run: its step (the span is times[step], times[step + 1])
     comm: tuple                       # per inlined collective: (stream, step, span info)
     sample_steps: tuple               # per memory call: the index of its time in the stretch's times
