@@ -421,24 +421,14 @@ def _inline(state: RankState, world: _World, plan: tuple[str, int], ready: str, 
     it is needed, then jumps to its cursor). Returns the end time, or None (nothing done) when not exact.
     """
     name, k = plan
-    cursor = state.cursor.get(name)
-    if cursor is None:
-        blocked = state.blocked.get(name)
-        if blocked is None or blocked[0] != k or type(blocked[1]) is not WaitFor or blocked[1].event != ready:
-            return None
-    elif cursor != k:
+    if not state.can_inline(name, k, ready):
         return None
-    instructions = state.program.streams[name]
-    if k + 3 < len(instructions):
-        after = state.events.get(instructions[k + 3].event)     # not made yet: not signalled yet
-        if after is not None and after.triggered:
-            return None       # the stream would go on at once after the collective
-    collective = instructions[k + 1]
+    collective = state.program.streams[name][k + 1]
     rank = state.program.rank
     duration = world.network(rank, collective).inline_duration_s(rank, collective)
     if duration is None:
         return None
-    if cursor is None:
+    if name not in state.cursor:
         state.parked[name] = ready
     state.cursor[name] = k + 3
     state.comm_streams[name] = None

@@ -101,6 +101,24 @@ class RankState:
                                  and after.event in by_compute and after.event not in by_others):
                 self.inline_plans[signal.event] = (name, k)
 
+    def can_inline(self, name: str, k: int, ready: str) -> bool:
+        """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (executor._inline):
+        blocked at name[k] = WaitFor(ready), or parked by an earlier inline with its cursor at k, and its wait
+        after the collective not signalled yet (else it would go on at once)."""
+        cursor = self.cursor.get(name)
+        if cursor is None:
+            blocked = self.blocked.get(name)
+            if blocked is None or blocked[0] != k or type(blocked[1]) is not WaitFor or blocked[1].event != ready:
+                return False
+        elif cursor != k:
+            return False
+        instructions = self.program.streams[name]
+        if k + 3 < len(instructions):
+            after = self.events.get(instructions[k + 3].event)     # not made yet: not signalled yet
+            if after is not None and after.triggered:
+                return False
+        return True
+
     def quiet(self) -> bool:
         """Whether no stream but the compute stream can touch this rank's memory, marks or periods before the
         compute stream next yields: each is finished, parked, or blocked (on an event not signalled yet, or

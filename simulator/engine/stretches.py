@@ -23,7 +23,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from simulator.engine.rank_state import COMPUTE_STREAM
-from simulator.parallel.program import Run, Signal, WaitFor
+from simulator.parallel.program import Run, Signal
 from simulator.trace.records import COMM_PHASE
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ MIN_LENGTH = 8                # shorter stretches are not worth a record
 class StretchRecord:
     """What one stretch did, relative to its start time, and what a later one must match to be replayed."""
 
-    first_op: object                  # the first run's op (kept alive: its id is part of the key)
     calls: list                       # the replayed period's calls (identity checked)
     delta: int                        # the runs' shift minus the period's reference
     measuring: bool
@@ -140,18 +139,10 @@ class Stretches:
                 return None
             if k + 3 >= len(other):
                 return None                      # the stream would be released at the end: not recorded
+            if k == first_k and not state.can_inline(name, k, signal.event):
+                return None                      # where the stream must stand, as _inline checks
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
-                return None
-        for name, k in starts.items():            # where each stream must stand, as _inline checks
-            cursor = state.cursor.get(name)
-            if cursor is None:
-                blocked = state.blocked.get(name)
-                ready = streams[name][k]
-                if blocked is None or blocked[0] != k or type(blocked[1]) is not WaitFor \
-                        or type(ready) is not WaitFor or blocked[1].event != ready.event:
-                    return None
-            elif cursor != k:
                 return None
         if starts and network is None:
             return None
@@ -264,7 +255,7 @@ class Stretches:
         for name in record.streams:
             if name not in state.parked or (name in parked0 and parked0[name] != state.parked[name]):
                 return
-        self.records[(id(record.first_op), p0)] = record
+        self.records[(id(record.runs[0][1]), p0)] = record     # the record keeps that op alive
 
     def _predict(self, state: RankState, network, instructions, index: int, end: int, skipping, p0: int,
                  delta: int, measuring: bool, counters: tuple, cursor0: dict) -> StretchRecord | None:
@@ -325,7 +316,7 @@ class Stretches:
             return None
         category_max = tuple(map(max, zip(*(call.category_max for call in calls)))) if calls else ()
         allocated = [call.allocated for call in calls]
-        return StretchRecord(instructions[index].op, skipping.calls, delta, measuring, end - index, tuple(runs),
+        return StretchRecord(skipping.calls, delta, measuring, end - index, tuple(runs),
                              tuple(inlines), tuple(durations), tuple(span_runs), tuple(span_steps), tuple(comm),
                              tuple(sample_steps), tuple(sample_ops), tuple(first_k), isolated, dropped,
                              category_max, allocated.index(max(allocated)) if calls else 0,

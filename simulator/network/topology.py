@@ -260,34 +260,21 @@ class Topology:
         no hop names, latency or bottleneck are built, and server-local paths are cached per (src, dst) pair
         of local components.
         """
-        key = ("route_resources", src, dst)
-        found = self._derived.get(key)
-        if found is not None:
-            return found
-        route = self._routes.get((src, dst))
-        if route is not None:
-            found = tuple(r for r, _ in route.resources)
-        else:
-            found = tuple(sorted(set(self._resource_list(src, dst))))
-        self._derived[key] = found
-        return found
+        return self.derived(("route_resources", src, dst),
+                            lambda: tuple(resource for resource, _ in self.route_uses(src, dst)))
 
     def route_uses(self, src: int | str, dst: int | str) -> tuple[tuple[int, int], ...]:
         """`route(src, dst).resources` — (resource id, times crossed), sorted — without building the route."""
-        key = ("route_uses", src, dst)
-        found = self._derived.get(key)
-        if found is not None:
-            return found
+        return self.derived(("route_uses", src, dst), lambda: self._uses(src, dst))
+
+    def _uses(self, src: int | str, dst: int | str) -> tuple[tuple[int, int], ...]:
         route = self._routes.get((src, dst))
         if route is not None:
-            found = route.resources
-        else:
-            uses: dict[int, int] = {}
-            for resource in self._resource_list(src, dst):
-                uses[resource] = uses.get(resource, 0) + 1
-            found = tuple(sorted(uses.items()))
-        self._derived[key] = found
-        return found
+            return route.resources
+        uses: dict[int, int] = {}
+        for resource in self._resource_list(src, dst):
+            uses[resource] = uses.get(resource, 0) + 1
+        return tuple(sorted(uses.items()))
 
     def _resource_list(self, src: int | str, dst: int | str) -> list[int]:
         """The resource id of every hop of `route(src, dst)`, in no particular order (repeats kept)."""
