@@ -11,6 +11,7 @@ from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
+from simulator import lifetime
 from simulator.parallel.lower import lower_single_rank
 from simulator.report.metrics import build_report
 from simulator.scenario import Scenario
@@ -111,12 +112,17 @@ def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
     return build_iteration(model_shape(scenario), recipe_for(scenario, device), kernel_profile(device))
 
 
-def simulate(scenario: Scenario) -> Result:
-    """Simulate a scenario and summarize it (the job not fitting is a result, not an error)."""
+def simulate(scenario: Scenario, *, timelines: bool = True) -> Result:
+    """Simulate a scenario and summarize it (the job not fitting is a result, not an error).
+
+    `timelines` False: keep no memory samples (`Result.trace.ranks[k].memory` is empty). The report does not
+    read them, only the memory plot and the Chrome trace's counters do; at GPT-3 175B on 1,024 GPUs keeping
+    them costs a fifth of the run. Every other result is the same either way (tests/test_cli.py).
+    """
     p = scenario.parallel
     if p.dp * p.tp * p.pp > 1:
         _check_plan(scenario, multi=True)
-        return simulate_multi(scenario)
+        return simulate_multi(scenario, timelines=timelines)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     device = cluster.device
@@ -130,7 +136,7 @@ def simulate(scenario: Scenario) -> Result:
                                expandable_segments=scenario.allocator.expandable_segments,
                                record_events=scenario.run.record_events)
     trace = simulate_programs([program], [allocator], [cluster.allocator_capacity_bytes],
-                              EngineOptions())
+                              _engine_options(timelines))
     report = build_report(scenario, cluster, workload, recipe, trace)
     return Result(report, trace, scenario)
 
@@ -143,9 +149,15 @@ def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
                                bucket_size_bytes=int(p.bucket_size))
 
 
-def simulate_multi(scenario: Scenario) -> Result:
+def _engine_options(timelines: bool) -> EngineOptions:
+    """The engine's options for `simulate(..., timelines)`."""
+    options = EngineOptions()
+    return options if timelines else dataclasses.replace(options, record_timeline=False)
+
+
+def simulate_multi(scenario: Scenario, *, timelines: bool = True) -> Result:
     """Simulate a dp × tp × pp plan on a multi-GPU cluster: one representative rank per pipeline stage
-    (`run.full`: every rank; the report still lists the representatives).
+    (`run.full`: every rank; the report still lists the representatives). `timelines`: as for `simulate`.
 
     With tp = pp = dp = 1 on a one-device cluster this gives the same result as `simulate`.
     Python's cyclic garbage collector is paused meanwhile: a cluster-scale run creates millions of
@@ -155,13 +167,13 @@ def simulate_multi(scenario: Scenario) -> Result:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate_multi(scenario)
+        return _simulate_multi(scenario, timelines)
     finally:
         if enabled:
             gc.enable()
 
 
-def _simulate_multi(scenario: Scenario) -> Result:
+def _simulate_multi(scenario: Scenario, timelines: bool) -> Result:
     """simulate_multi's work, with the garbage collector paused."""
     from simulator.parallel.lower_multi import lower_multi
     from simulator.parallel.plan import make_plan
@@ -189,7 +201,7 @@ def _simulate_multi(scenario: Scenario) -> Result:
                                  expandable_segments=scenario.allocator.expandable_segments,
                                  record_events=scenario.run.record_events) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
-                              EngineOptions(), topology=topology, plan=plan)
+                              _engine_options(timelines), topology=topology, plan=plan)
     if full:
         # The report lists each stage's representative (dp = tp = 0), as the reduced simulation does.
         keep = [k for k, program in enumerate(programs)
@@ -198,6 +210,7 @@ def _simulate_multi(scenario: Scenario) -> Result:
         report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown)
     else:
         report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
+    lifetime.keep(programs, workloads)
     return Result(report, trace, scenario, plan)
 
 

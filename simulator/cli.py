@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simulator.errors import MemsimError
+from simulator.lifetime import keep, keep_until_exit
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="memsim: simulate deep-learning training memory and time on GPU clusters.")
@@ -95,7 +96,8 @@ def run(
 
     try:
         loaded = load_scenario(scenario, (set_ or []) + (["run.full=true"] if full else []))
-        result = simulate(loaded)
+        result = simulate(loaded, timelines=out is not None)     # only the --out files read memory samples
+        keep(result)
     except MemsimError as error:
         _fail(str(error))
         return
@@ -171,6 +173,7 @@ def main() -> None:
     # cluster-scale simulation's millions of objects (ops, instructions, spans, samples) live until then, so
     # each collection pass (the first ones right after simulate_multi re-enables it) walks them for nothing.
     gc.disable()
+    keep_until_exit()            # and no releasing them one by one either: see simulator/lifetime.py
     try:
         app(standalone_mode=True)
     except SystemExit as done:

@@ -5,6 +5,7 @@ shared collective simulations, interference components, footprints moved across 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator.network.flows as flows_module
+import simulator.network.units as units_module
 from simulator.errors import TopologyError
 from simulator.network.collectives import (REFERENCE_BYTES, CollectiveSchedule, Phase, lower_collective,
                                            simulate_schedule, transfer_seconds_per_byte)
@@ -392,10 +394,12 @@ class LatencyTable(TableNetwork):
         return Route((str(src), str(dst)), uses, 0.125 * (src % 3), bottleneck, ())
 
 
-def _drive(net, batches, memo_min_flows):
-    """Every FlowNetwork call the engine makes, recording what each returns."""
-    original = flows_module._MEMO_MIN_FLOWS
+def _drive(net, batches, memo_min_flows, max_units=None):
+    """Every FlowNetwork call the engine makes, recording what each returns (with `max_units` units at most in
+    a component, when given)."""
+    original, original_units = flows_module._MEMO_MIN_FLOWS, units_module.MAX_UNITS
     flows_module._MEMO_MIN_FLOWS = memo_min_flows
+    units_module.MAX_UNITS = original_units if max_units is None else max_units
     try:
         seen = []
         for start_s, batch in batches:
@@ -409,17 +413,17 @@ def _drive(net, batches, memo_min_flows):
                                      for d in net.advance(event)]))
         return seen
     finally:
-        flows_module._MEMO_MIN_FLOWS = original
+        flows_module._MEMO_MIN_FLOWS, units_module.MAX_UNITS = original, original_units
 
 
-@given(launch_plans(), st.sampled_from([1, 3, 10**9]))
+@given(launch_plans(), st.sampled_from([1, 3, 10**9]), st.sampled_from([1, 2, 16]))
 @settings(max_examples=100, deadline=None)
-def test_flow_network_returns_the_floats_of_the_reference_network(case, memo_min_flows):
-    """Set-based component search, per-route start data, idle resources left among the seeds, weights summed
-    when filling, remembered rates: every delivery and event time is the reference's, to the last bit."""
+def test_flow_network_returns_the_floats_of_the_reference_network(case, memo_min_flows, max_units):
+    """Set-based component search over units, per-route start data, idle resources left among the seeds, weights
+    summed when filling, remembered rates: every delivery and event time is the reference's, to the last bit."""
     capacities, routes, batches = case
     table = LatencyTable(capacities, routes)
-    fast = _drive(FlowNetwork(table), batches, memo_min_flows)
+    fast = _drive(FlowNetwork(table), batches, memo_min_flows, max_units)
     assert fast == _drive(ReferenceNetwork(table), batches, memo_min_flows)
 
 
@@ -460,7 +464,11 @@ def _one_level_of(capacities, uses):
             self.res = res
 
     flows = [State(tuple(r for r, _ in uses[f])) for f in sorted(uses)]
-    return one_level(capacities, on, list(on), flows, {})
+    level = one_level(capacities, on, list(on), flows, {})
+    if all(count == 1 for route in uses.values() for _, count in route):     # the caller may say so: same answer
+        assert one_level(capacities, on, list(on), flows, {}, True) == level or level is None and \
+            one_level(capacities, on, list(on), flows, {}, True) is None
+    return level
 
 
 @st.composite
@@ -571,29 +579,62 @@ def _true_component(net, resource):
     return flows, seen
 
 
-@given(launch_plans())
+def _connected_alone(net, flows):
+    """Whether `flows` are connected through their own resources (the other flows left out)."""
+    flows = set(flows)
+    first = next(iter(flows))
+    reached, stack = {first}, [first]
+    while stack:
+        for resource in net._active[stack.pop()].res:
+            for other in net._on[resource]:
+                if other in flows and other not in reached:
+                    reached.add(other)
+                    stack.append(other)
+    return reached == flows
+
+
+@given(launch_plans(), st.sampled_from([1, 2, 16]))
 @settings(max_examples=80, deadline=None)
-def test_groups_none_of_whose_flows_ended_are_whole_components(case):
-    """The component search takes a group whole when none of its flows has ended since it was found: such a group
-    must be exactly a connected component of the network (its flows and its busy resources)."""
+def test_units_are_connected_and_the_search_finds_the_true_components(case, max_units):
+    """After every re-rating each sending flow is in an intact unit: flows connected through their own resources,
+    with exactly those (busy) resources, linked to every intact unit it shares a resource with; and the component
+    search from all busy resources, taking units whole, gives exactly the true components."""
     capacities, routes, batches = case
     net = FlowNetwork(LatencyTable(capacities, routes))
+    original = units_module.MAX_UNITS
+    units_module.MAX_UNITS = max_units
+    try:
+        _check_units(net, batches)
+    finally:
+        units_module.MAX_UNITS = original
+
+
+def _check_units(net, batches):
     for start_s, batch in batches:
         net.advance(start_s)
         for src, size, cap, with_latency in batch:
             net.start(Flow(src, src + 1000, size, cap), with_latency=with_latency)
         net.next_event_s()
-        groups = {id(g): g for g in net._group.values()}.values()
-        for group in groups:
-            assert set(group.resources) <= set(net._on)
-            if not group.split:
-                assert (group.flows, group.resources) == _true_component(net, next(iter(group.resources)))
-        assert all(resource in net._group for resource in net._on)   # rated, hence grouped
+        assert set(net._unit_of) == set(net._active)                # rated, hence in a unit
+        units = list({id(u): u for u in net._unit_of.values()}.values())
+        for unit in units:
+            assert not unit.broken and unit.flows == {f for f in net._active if net._unit_of[f] is unit}
+            assert unit.resources == set().union(*(net._active[f].res for f in unit.flows)) <= set(net._on)
+            assert _connected_alone(net, unit.flows)
+        for one, other in itertools.combinations(units, 2):
+            if not one.resources.isdisjoint(other.resources):
+                assert other in one.neighbors or one in other.neighbors
+        components = net._components(list(net._on))
+        assert sorted(map(sorted, (f for f, _ in components))) == \
+            sorted(sorted(_true_component(net, r)[0]) for r in {min(res) for _, res in components})
+        for flows, resources in components:
+            assert (flows, resources) == _true_component(net, next(iter(resources)))
+        assert set().union(*(f for f, _ in components)) == set(net._active)
     net.run()
-    assert not net._on
+    assert not net._on and not net._unit_of
 
 
-def test_a_component_cut_in_two_by_an_ending_flow_is_two_groups():
+def test_a_component_cut_in_two_by_an_ending_flow_is_two_components():
     """A and B are joined only through C; once C ends, a new flow on A's link re-rates A alone, not B."""
     capacities = [10.0, 1 / 3, 3.0]
     routes = {(0, 1000): ((0, 1),), (1, 1001): ((2, 1),), (2, 1002): ((0, 1), (1, 1), (2, 1)),
@@ -605,7 +646,7 @@ def test_a_component_cut_in_two_by_an_ending_flow_is_two_groups():
     b_state = (net._active[b].updated_s, net._active[b].remaining)
     d = net.start(Flow(3, 1003, 5.0))
     net.next_event_s()
-    assert net._group[0].flows == {a, d} and net._group[2].flows == {b}
+    assert net._unit_of[a].flows | net._unit_of[d].flows == {a, d} and net._unit_of[b].flows == {b}
     assert (net._active[b].updated_s, net._active[b].remaining) == b_state    # B was not re-rated
     assert net.run() and not net._on
 
@@ -661,7 +702,7 @@ def test_footprints_inside_one_server_are_those_of_server_0_moved(name):
 
 @pytest.mark.parametrize("name, nodes, rail_optimized", [("dgx-a100", 40, True), ("dgx-a100", 12, False),
                                                          ("dgx-h100", 3, True), ("pcie-4x4090", 2, True)])
-def test_route_uses_and_resources_without_the_route_equal_the_route(name, nodes, rail_optimized):
+def test_route_uses_resources_and_latency_without_the_route_equal_the_route(name, nodes, rail_optimized):
     import dataclasses
     topology = load_topology(name, nodes=nodes)
     if not rail_optimized:
@@ -672,6 +713,11 @@ def test_route_uses_and_resources_without_the_route_equal_the_route(name, nodes,
     points = list(range(topology.num_gpus)) + [f"n{node}/{c}" for node in range(nodes) for c in components]
     pairs = [(rng.choice(points), rng.choice(points)) for _ in range(1500)]
     reference = dataclasses.replace(topology)       # a fresh copy: its routes are built first
+    for a, b in pairs[::2]:     # half of the pairs' hops found by pairs_resources first (route_uses reuses them)
+        try:
+            topology.pairs_resources([(a, b)])
+        except TopologyError:
+            pass
     repeats = 0
     for a, b in pairs:
         try:
@@ -679,9 +725,15 @@ def test_route_uses_and_resources_without_the_route_equal_the_route(name, nodes,
         except TopologyError:                       # e.g. a switch that reaches no NIC
             with pytest.raises(TopologyError):
                 topology.route_uses(a, b)
+            with pytest.raises(TopologyError):
+                topology.route_latency_s(a, b)
             continue
         assert topology.route_uses(a, b) == expected                     # before topology builds the route
         assert topology.route_resources(a, b) == tuple(r for r, _ in expected)
+        assert topology.pairs_resources([(a, b), (b, a)]) == \
+            {r for r, _ in expected} | {r for r, _ in reference.route(b, a).resources}
+        latency_s, route_latency_s = topology.route_latency_s(a, b), reference.route(a, b).latency_s
+        assert latency_s == route_latency_s and type(latency_s) is type(route_latency_s)
         repeats += any(n > 1 for _, n in expected)
     assert repeats > 0 or name != "pcie-4x4090"     # host memory links are crossed twice there
 

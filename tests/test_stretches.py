@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import simulator.api as api
-from simulator.engine.executor import EngineOptions, _covered
+from simulator.engine.executor import EngineOptions, _covered, _sorted_pairs
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.parallel.program import Run
@@ -53,6 +53,34 @@ def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parall
     if plain:
         monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(rank_lookahead=False, repeats=False))
         assert fast == _everything(api.simulate(scenario_from_dict(doc)))
+
+
+@pytest.mark.parametrize("record_events", [False, True])
+def test_runs_without_memory_samples_give_everything_else_unchanged(monkeypatch, record_events):
+    # `memsim run` without --out keeps no samples (api.simulate(timelines=False)): stretches and periods are
+    # replayed and checked without them, and every other result must be the same.
+    replayed = []
+    real = Stretches.replay
+
+    def spy(self, *args):
+        done = real(self, *args)
+        replayed.append(done is not None)
+        return done
+
+    monkeypatch.setattr(Stretches, "replay", spy)
+    doc = _steady(4, 32, tp=8, pp=4, dp=1, sequence_parallel=True)
+    doc["run"]["record_events"] = record_events
+    full = _everything(api.simulate(scenario_from_dict(doc)))
+    bare = api.simulate(scenario_from_dict(doc), timelines=False)
+    assert all(not rank.memory for rank in bare.trace.ranks)
+    assert any(rank[1] for rank in full[1])
+    assert sum(replayed) > 0 or record_events
+
+    def without_samples(everything):
+        report, ranks, *rest = everything
+        return report, [rank[:1] + rank[2:] for rank in ranks], *rest
+
+    assert without_samples(_everything(bare)) == without_samples(full)
 
 
 _PHASES = ["fwd", "bwd_input", "bwd_weight", "recompute", "optimizer", "other"]
@@ -108,5 +136,6 @@ _time = st.floats(0, 100, allow_nan=False)
 @given(intervals=st.lists(st.tuples(_time, _time).map(sorted).map(tuple), max_size=40),
        window=st.tuples(_time, _time).map(sorted))
 def test_union_length_equals_the_loop(intervals, window):
+    assert _sorted_pairs(tuple(intervals)).tolist() == [list(pair) for pair in sorted(intervals)]
     for start_s, end_s in (window, (-math.inf, math.inf)):
-        assert _covered(tuple(intervals), start_s, end_s) == _covered_loop(intervals, start_s, end_s)
+        assert _covered(_sorted_pairs(tuple(intervals)), start_s, end_s) == _covered_loop(intervals, start_s, end_s)

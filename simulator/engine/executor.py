@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from itertools import chain
 from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,6 +18,7 @@ from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.errors import DeadlockError, TopologyError
+from simulator import lifetime
 from simulator.parallel.program import (Alloc, Collective, Free, Mark, Period, Program, Recv, Run, Send,
                                         Signal, WaitFor)
 from simulator.trace.records import COMM_PHASE, Trace
@@ -67,7 +69,13 @@ class RankCommunication:
 
     def between(self, start_s: float, end_s: float) -> tuple[float, float]:
         """(total, exposed) communication seconds inside the window [start_s, end_s]."""
-        return _covered(self.intervals, start_s, end_s), _covered(self.exposed_intervals, start_s, end_s)
+        intervals, exposed = self._sorted_arrays
+        return _covered(intervals, start_s, end_s), _covered(exposed, start_s, end_s)
+
+    @cached_property
+    def _sorted_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Both interval lists sorted, as (n, 2) arrays: made once (a report asks for several windows)."""
+        return _sorted_pairs(self.intervals), _sorted_pairs(self.exposed_intervals)
 
 
 @dataclass
@@ -177,6 +185,7 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     if len(finished) != expected and not any(s.failed for s in states):
         blocked = tuple(_blocked(s, stream) for s in states for stream in sorted(s.blocked))
         raise EngineDeadlock("simulation deadlocked: " + "; ".join(str(b) for b in blocked), blocked)
+    lifetime.keep(states, world, env)
     return _collect(states, env.now)
 
 
@@ -468,14 +477,23 @@ def _expose(state: RankState, signaller: str, waited_from_s: float, now_s: float
             state.exposed_intervals.append((a, b))
 
 
-def _covered(intervals: tuple[tuple[float, float], ...], start_s: float, end_s: float) -> float:
-    """Length of the union of `intervals` clipped to [start_s, end_s]: sorted, each interval starts no earlier
-    than the furthest end before it, and the positive lengths are added in order (numpy's cumsum adds in order,
-    so the sum is the one of a loop over the intervals, to the bit; tests/test_stretches.py)."""
-    if not intervals:
-        return 0.0
-    pairs = np.fromiter(chain.from_iterable(sorted(intervals)), dtype=np.float64, count=2 * len(intervals))
+def _sorted_pairs(intervals: tuple[tuple[float, float], ...]) -> np.ndarray:
+    """`intervals` sorted as sorted() sorts the pairs (by start, then end), as an (n, 2) float array."""
+    pairs = np.fromiter(chain.from_iterable(intervals), dtype=np.float64, count=2 * len(intervals))
     pairs = pairs.reshape(len(intervals), 2)
+    step = np.diff(pairs[:, 0])
+    if (step >= 0).all() and (np.diff(pairs[:, 1])[step == 0] >= 0).all():
+        return pairs            # sorted already (RankCommunication's are)
+    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+
+
+def _covered(pairs: np.ndarray, start_s: float, end_s: float) -> float:
+    """Length of the union of the sorted intervals `pairs` (_sorted_pairs) clipped to [start_s, end_s]: each
+    interval starts no earlier than the furthest end before it, and the positive lengths are added in order
+    (numpy's cumsum adds in order, so the sum is the one of a loop over the intervals, to the bit;
+    tests/test_stretches.py)."""
+    if not len(pairs):
+        return 0.0
     ends = np.minimum(pairs[:, 1], end_s)
     reach = np.empty(len(ends))
     reach[0] = -math.inf

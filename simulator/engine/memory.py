@@ -95,16 +95,15 @@ class RankMemory:
             self._sample(time_s, op)
             return
         log = self._log_start()
-        before = list(self.by_category)
-        self._allocate(tensor_ids, stream_id, time_s, op, before)
+        self._allocate(tensor_ids, stream_id, time_s, op)
         self._sample(time_s, op)
-        self._record(ALLOC, tensor_ids, stream_id, op, before, log, template)
+        self._record(ALLOC, tensor_ids, stream_id, op, log, template)
 
-    def _allocate(self, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str,
-                  category_max: list[int] | None = None) -> None:
+    def _allocate(self, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str) -> None:
         allocator = self.allocator
+        tensors, handles, bytes_of, by_category = self.tensors, self.handles, self.bytes_of, self.by_category
         for tid in tensor_ids:
-            tensor = self.tensors[tid]
+            tensor = tensors[tid]
             try:
                 handle = allocator.malloc(tensor.nbytes, stream_id, time_s, op, tensor.name,
                                           tensor.category)
@@ -116,15 +115,12 @@ class RankMemory:
                 allocator.capacity_bytes = UNBOUNDED_BYTES
                 handle = allocator.malloc(tensor.nbytes, stream_id, time_s, op, tensor.name,
                                           tensor.category)
-            self.handles[tid] = handle
-            size = allocator.block_bytes(handle)
-            self.bytes_of[tid] = size
+            handles[tid] = handle
+            size = bytes_of[tid] = allocator.block_bytes(handle)
             index = _CATEGORY_INDEX[tensor.category]
-            self.by_category[index] += size
-            if self.measuring and self.by_category[index] > self.category_peaks[index]:
-                self.category_peaks[index] = self.by_category[index]
-            if category_max is not None and self.by_category[index] > category_max[index]:
-                category_max[index] = self.by_category[index]
+            by_category[index] += size
+            if self.measuring and by_category[index] > self.category_peaks[index]:
+                self.category_peaks[index] = by_category[index]
 
     def free(self, tensor_ids: tuple[int, ...], time_s: float, op: str, template: tuple | None = None) -> None:
         """Free tensors (unknown or already freed ids are a program error)."""
@@ -134,14 +130,14 @@ class RankMemory:
         self._free(tensor_ids, time_s, op)
         self._sample(time_s, op)
         if self._recording is not None:
-            self._record(FREE, tensor_ids, 0, op, self.by_category, log, template)
+            self._record(FREE, tensor_ids, 0, op, log, template)
 
     def _free(self, tensor_ids: tuple[int, ...], time_s: float, op: str) -> None:
-        allocator = self.allocator
+        free, tensors, handles, bytes_of, by_category = (self.allocator.free, self.tensors, self.handles,
+                                                         self.bytes_of, self.by_category)
         for tid in tensor_ids:
-            handle = self.handles.pop(tid)
-            allocator.free(handle, time_s, op)
-            self.by_category[_CATEGORY_INDEX[self.tensors[tid].category]] -= self.bytes_of.pop(tid)
+            free(handles.pop(tid), time_s, op)
+            by_category[_CATEGORY_INDEX[tensors[tid].category]] -= bytes_of.pop(tid)
 
     # repeated periods (engine/repeats.py) --------------------------------------------------------
     def boundary(self, boundary: Period) -> None:
@@ -235,8 +231,8 @@ class RankMemory:
             self.samples += (time_s, allocated, reserved, by_category)
         if self.measuring:
             peaks = self.category_peaks
-            if any(map(gt, call.category_max, peaks)):
-                for i, value in enumerate(call.category_max):
+            if any(map(gt, by_category, peaks)):
+                for i, value in enumerate(by_category):
                     if value > peaks[i]:
                         peaks[i] = value
             if allocated > self.peak_allocated:
@@ -258,15 +254,15 @@ class RankMemory:
         return len(log._raw) if log is not None else 0
 
     def _record(self, kind: int, tensor_ids: tuple[int, ...], stream_id: int, op: str,
-                category_max: list[int], log_start: int, template: tuple | None) -> None:
+                log_start: int, template: tuple | None) -> None:
         recording = self._recording
         log = self.allocator._log
         events = tuple(log._raw[log_start:]) if log is not None else ()
-        op_ids, delta = (template[0], template[1] - recording.origin) if template is not None else (None, 0)
-        recording.calls.append(new_tuple(RecordedCall, (
-            kind, relative(tensor_ids, recording.origin, recording.low, recording.high), stream_id, op,
+        op_ids, shift = template if template is not None else (None, 0)
+        recording.calls.append(new_tuple(RecordedCall, (     # raw: absolute ids and shift (Recording)
+            kind, tensor_ids, stream_id, op,
             self.allocator.allocated_bytes, self.allocator.reserved_bytes, tuple(self.by_category),
-            tuple(category_max), events, op_ids, delta)))
+            events, op_ids, shift)))
 
     def _sample(self, time_s: float, op: str, allocated: int | None = None, reserved: int | None = None) -> None:
         if allocated is None:

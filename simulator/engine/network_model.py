@@ -29,7 +29,7 @@ import simpy
 from simulator.errors import PlanError
 from simulator.network.collectives import CollectiveSchedule, Phase, candidates, lower_collective
 from simulator.network.footprint import (footprint, interference_components, isolated_duration_s,
-                                         route_resources)
+                                         pairs_footprint, schedule_pairs)
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
@@ -306,7 +306,7 @@ class NetworkModel:
             return cached
         if kind == "send" and len(group) == 2 and group[0] != group[1]:
             # One direct flow from src to dst (lower_collective's send): its route's resources, sorted.
-            result = route_resources(self.topology, *group) if size > 0 else ()
+            result = tuple(sorted(pairs_footprint(self.topology, (group,)))) if size > 0 else ()
             self._footprints[cache_key] = result
             return result
         per = self.topology.gpus_per_node
@@ -318,14 +318,13 @@ class NetworkModel:
             offset = self.topology.local_offset(node)
             result = self._footprints[cache_key] = tuple(resource + offset for resource in base)
             return result
-        found: dict[int, None] = {}
+        pairs: dict[tuple, None] = {}       # the (src, dst) of every algorithm's flows, each once
         first_protocol: dict[str, str] = {}
         for algorithm, protocol in candidates(self.topology, kind, group):
             first_protocol.setdefault(algorithm, protocol)
         for algorithm, protocol in first_protocol.items():
-            schedule = lower_collective(self.topology, kind, group, size, algorithm, protocol)
-            found.update(dict.fromkeys(footprint(self.topology, schedule)))
-        result = self._footprints[cache_key] = tuple(sorted(found))
+            pairs.update(schedule_pairs(lower_collective(self.topology, kind, group, size, algorithm, protocol)))
+        result = self._footprints[cache_key] = tuple(sorted(pairs_footprint(self.topology, pairs)))
         return result
 
     # ----- lowering and symmetry ----------------------------------------------------------------------------

@@ -65,7 +65,8 @@ class RankState:
                 compute_signals = signals
         self.waiters: dict[str, int] = dict(counts)   # event -> WaitFor instructions on it (all streams)
         self.memory.boundaries_left = periods
-        self.wait_stream = {event: where[0] for event, where in waiting.items() if self.waiters[event] == 1}
+        waiters = self.waiters
+        self.wait_stream = {event: where[0] for event, where in waiting.items() if waiters[event] == 1}
         # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
         self.inline_plans: dict[str, tuple[str, int]] = {}
@@ -80,14 +81,16 @@ class RankState:
         compute = streams.get(COMPUTE_STREAM, ())
         by_compute = signalled.get(COMPUTE_STREAM, set())
         by_others = set().union(*(events for name, events in signalled.items() if name != COMPUTE_STREAM))
+        waiters_of, where_of, plans = self.waiters.get, waiting.get, self.inline_plans     # hot loop: locals
+        last = len(compute) - 1
         for i in compute_signals:
-            if i + 1 >= len(compute):
+            if i >= last:
                 continue
             signal, wait = compute[i], compute[i + 1]
-            if type(wait) is not WaitFor or self.waiters.get(wait.event) != 1:
+            if type(wait) is not WaitFor or waiters_of(wait.event) != 1:
                 continue
-            where = waiting.get(signal.event)
-            if where is None or where[0] == COMPUTE_STREAM or self.waiters[signal.event] != 1:
+            where = where_of(signal.event)
+            if where is None or where[0] == COMPUTE_STREAM or waiters_of(signal.event) != 1:
                 continue
             name, k = where
             other = streams[name]
@@ -97,9 +100,9 @@ class RankState:
             # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
             # so parking it until then changes nothing.
             after = other[k + 3] if k + 3 < len(other) else None
-            if after is None or (type(after) is WaitFor and self.waiters.get(after.event) == 1
+            if after is None or (type(after) is WaitFor and waiters_of(after.event) == 1
                                  and after.event in by_compute and after.event not in by_others):
-                self.inline_plans[signal.event] = (name, k)
+                plans[signal.event] = (name, k)
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
         """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (executor._inline):

@@ -35,21 +35,22 @@ class RecordedCall(NamedTuple):
     make than a frozen dataclass, and a recording makes hundreds of thousands)."""
 
     kind: int
-    ids: tuple[int, ...]
+    ids: tuple[int, ...]             # relative ids (absolute while being recorded: Recording)
     stream: int
     op: str
     allocated: int
     reserved: int
-    by_category: tuple[int, ...]
-    category_max: tuple[int, ...]    # per category, the largest value reached during the call
+    by_category: tuple[int, ...]     # after the call: also its largest per category (a call only allocates or
+                                     # only frees)
     events: tuple[tuple, ...]        # the allocator's raw event tuples (time at index 4, op at index 5)
     template: tuple[int, ...] | None = None   # a Run's op ids before moving (the fast match), or None
-    delta: int = 0                   # that Run's shift minus the reference
+    delta: int = 0                   # that Run's shift minus the reference (absolute while being recorded)
 
 
 @dataclass(frozen=True, slots=True)
 class RecordedBoundary:
-    """A boundary inside a recording: its key and its shift relative to the recording's reference."""
+    """A boundary inside a recording: its key and its shift (absolute while a Recording keeps it, relative to
+    the reference once rebased)."""
 
     key: str
     shift: int
@@ -67,27 +68,28 @@ def absolute(ids: tuple[int, ...], reference: int) -> tuple[int, ...]:
     return tuple([v + _RELATIVE + reference if v < 0 else v for v in ids])
 
 
-def rebase(recording: list, delta: int) -> list:
-    """A recording made relative to reference r, made relative to r + delta."""
+def rebase(calls: list, reference: int, low: int, high: int) -> list:
+    """A recording's raw calls (absolute ids and shifts, as Recording keeps them) made relative to `reference`."""
     out = []
-    for call in recording:
+    for call in calls:
         if call.kind == BOUNDARY:
-            out.append(RecordedBoundary(call.key, call.shift - delta))
+            out.append(RecordedBoundary(call.key, call.shift - reference))
         else:
-            ids = tuple([v - delta if v < 0 else v for v in call.ids])
-            out.append(RecordedCall(call.kind, ids, call.stream, call.op, call.allocated, call.reserved,
-                                    call.by_category, call.category_max, call.events, call.template,
-                                    call.delta - delta))
+            delta = call.delta - reference if call.template is not None else 0
+            out.append(RecordedCall(call.kind, relative(call.ids, reference, low, high), call.stream, call.op,
+                                    call.allocated, call.reserved, call.by_category, call.events,
+                                    call.template, delta))
     return out
 
 
 class Recording:
-    """The calls since the oldest of the last MAX_BOUNDARIES boundaries, relative to `origin`."""
+    """The calls since the oldest of the last MAX_BOUNDARIES boundaries, raw: RecordedCall with absolute ids and,
+    in `delta`, a Run's absolute shift; RecordedBoundary with its absolute shift (`rebase` makes a period of them
+    relative, once, when one is found: most recorded calls never are)."""
 
-    __slots__ = ("origin", "low", "high", "calls", "marks")
+    __slots__ = ("low", "high", "calls", "marks")
 
     def __init__(self, boundary: Period):
-        self.origin = boundary.shift
         self.low, self.high = boundary.low, boundary.high
         self.calls: list = []
         self.marks: list[tuple] = []    # (summary, hash, state or None, shift, index in calls)
@@ -104,17 +106,21 @@ class Recording:
         for mark_summary, h, key, shift, index in self.marks:
             if key is not None and h == digest and mark_summary == summary and shift != boundary.shift \
                     and key == state:
-                return rebase(self.calls[index:], shift - self.origin), boundary.shift - shift
+                return rebase(self.calls[index:], shift, self.low, self.high), boundary.shift - shift
         return None
 
     def mark(self, summary: tuple, state: tuple | None, boundary: Period) -> None:
         """Keep this boundary (dropping the oldest beyond MAX_BOUNDARIES); `state` None: not computed."""
         self.marks.append((summary, hash(state), state, boundary.shift, len(self.calls)))
-        self.calls.append(RecordedBoundary(boundary.key, boundary.shift - self.origin))
+        self.calls.append(RecordedBoundary(boundary.key, boundary.shift))
         if len(self.marks) > MAX_BOUNDARIES:
-            cut = self.marks[1][4]
-            self.calls = self.calls[cut:]
-            self.marks = [(m, h, k, s, i - cut) for m, h, k, s, i in self.marks[1:]]
+            del self.marks[0]
+            cut = self.marks[0][4]
+            # Calls before the oldest kept boundary are never read again; drop them once they are half the
+            # list (copying the kept calls at every boundary cost more than the calls themselves).
+            if 2 * cut >= len(self.calls):
+                del self.calls[:cut]
+                self.marks = [(m, h, k, s, i - cut) for m, h, k, s, i in self.marks]
 
 
 class Skipping:

@@ -314,7 +314,7 @@ class Stretches:
         calls = skipping.calls[p0:p0 + len(sample_steps)]
         if len(calls) != len(sample_steps) or any(call.kind not in (0, 1) for call in calls):
             return None
-        category_max = tuple(map(max, zip(*(call.category_max for call in calls)))) if calls else ()
+        category_max = tuple(map(max, zip(*(call.by_category for call in calls)))) if calls else ()
         allocated = [call.allocated for call in calls]
         return StretchRecord(skipping.calls, delta, measuring, end - index, tuple(runs),
                              tuple(inlines), tuple(durations), tuple(span_runs), tuple(span_steps), tuple(comm),

@@ -10,11 +10,15 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress
+from operator import attrgetter
 from typing import Any
+
+_res = attrgetter("res")
 
 
 def one_level(capacity: Mapping[int, float], on: Mapping[int, Mapping[int, int]], resources: Iterable[int],
-              flows: Sequence[Any], levels: dict[tuple, tuple[float, float]]) -> float | None:
+              flows: Sequence[Any], levels: dict[tuple, tuple[float, float]], once: bool = False) -> float | None:
     """The rate every flow of a component gets when progressive filling freezes them all at one level, else None.
 
     Let s0 be the least starting share (capacity / weight) and suppose every flow is frozen at s0. A resource
@@ -33,25 +37,30 @@ def one_level(capacity: Mapping[int, float], on: Mapping[int, Mapping[int, int]]
         resources: the component's resources.
         flows: the component's flows: objects with `res`, the ids of the resources each crosses.
         levels: remembered (least, greatest) share over the states of (capacity, count, flows, s0).
+        once: the caller knows that every flow crosses each of its resources once (every weight is then the
+            number of flows: no need to add the counts up).
     """
-    kinds: dict[tuple[float, int, int], list[int]] = {}     # (capacity, weight, flows) -> resources
-    for resource in resources:
-        crossing = on[resource]
-        n = len(crossing)
-        weight = sum(crossing.values())
-        if weight != n and any(c * n != weight for c in crossing.values()):    # (counts are >= 1)
-            return None
-        key = (capacity[resource], weight, n)
-        same = kinds.get(key)
-        if same is None:
-            kinds[key] = [resource]
-        else:
-            same.append(resource)
+    # Whole-component passes in C (map, zip, compress) rather than a Python loop per resource: this runs on
+    # components of thousands of resources.
+    resources = list(resources)
+    if once:
+        counts = list(map(len, map(on.__getitem__, resources)))
+        weights = counts
+    else:
+        crossings = list(map(on.__getitem__, resources))
+        counts = list(map(len, crossings))
+        weights = [sum(crossing.values()) for crossing in crossings]
+        if weights != counts:       # some flow crosses a resource more than once: all its flows must, alike
+            for crossing, n, weight in zip(crossings, counts, weights):
+                if weight != n and any(c * n != weight for c in crossing.values()):    # (counts are >= 1)
+                    return None
+    keys = list(zip(map(capacity.__getitem__, resources), weights, counts))   # (capacity, weight, flows)
+    kinds = dict.fromkeys(keys)     # (in the resources' order: the span cache fills the same way every run)
     least = min([c / weight for c, weight, _ in kinds])
     if not 0.0 < least < math.inf:
         return None
-    tight: set[int] = set()
-    for key, same in kinds.items():
+    tight_kinds: set[tuple[float, int, int]] = set()
+    for key in kinds:
         c, weight, n = key
         span_key = (c, weight // n, n, least)
         span = levels.get(span_key)
@@ -63,10 +72,10 @@ def one_level(capacity: Mapping[int, float], on: Mapping[int, Mapping[int, int]]
         if low < least:
             return None
         if high == least:
-            tight.update(same)
-    for active in flows:
-        if tight.isdisjoint(active.res):
-            return None
+            tight_kinds.add(key)
+    tight = set(compress(resources, map(tight_kinds.__contains__, keys)))
+    if any(map(tight.isdisjoint, map(_res, flows))):     # a flow crossing no tight resource
+        return None
     return least
 
 

@@ -5,26 +5,31 @@
 runs until nothing is left. Rates are max-min fair over the resources (link directions, shared links) of every
 active flow's route, computed by progressive filling (simulator/network/filling.py) and recomputed when a flow
 starts or finishes — only for the flows connected to it through shared resources (its component), so
-independent traffic is not touched. Components found are kept as groups and taken whole while none of their
-flows ends; a component whose flows all end at one rate gets it without filling (`filling.one_level`); large
-components' rates are remembered by shape. A flow occupies its links until its bytes are sent and is delivered
-`latency_s` (its route's latency) later.
+independent traffic is not touched. The search for components walks *units* — sets of flows found connected
+through their own resources, kept until one of their flows ends — whole, so a component that loses some of its
+flows is not walked flow by flow again; a component whose flows all end at one rate gets it without filling
+(`filling.one_level`); large components' rates are remembered by shape. A flow occupies its links until its
+bytes are sent and is delivered `latency_s` (its route's latency) later.
 
 Works on any routing model with `route(src, dst) -> Route` and `capacity_bytes_per_s(resource) -> float`
-(a `Topology`, or a small table in tests). Deterministic: ties break by flow id and resource id.
+(a `Topology`, or a small table in tests; a `Topology`'s `route_uses` and `route_latency_s` are used instead of
+`route` when present). Deterministic: ties break by flow id and resource id.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from simulator.errors import TopologyError
 from simulator.network.filling import fill_rates, max_min_rates, one_level
 from simulator.network.topology import Route
+from simulator.network.units import Unit, components
 
 __all__ = ["Delivery", "Flow", "FlowNetwork", "RoutingModel", "max_min_rates"]
 
@@ -34,6 +39,9 @@ _SAME_TIME = 1e-12
 _MEMO_MIN_FLOWS = 64
 # ... in at most this many entries (the oldest is forgotten first).
 _MEMO_ENTRIES = 256
+
+_shape = attrgetter("shape")
+_multi = attrgetter("multi")
 
 
 def _delivery_order(delivered: tuple[float, int, _Active]) -> tuple[float, int]:
@@ -82,17 +90,17 @@ class Delivery:
 
 
 class _Active:
-    __slots__ = ("flow", "start_s", "uses", "res", "seeds", "remaining", "rate", "updated_s", "version", "latency_s",
-                 "shape", "end_s")
+    __slots__ = ("flow", "start_s", "uses", "res", "remaining", "rate", "updated_s", "version", "latency_s",
+                 "shape", "end_s", "multi")
 
     def __init__(self, flow: Flow, start_s: float, uses: tuple[tuple[int, int], ...], res: tuple[int, ...],
-                 seeds: dict[int, None], latency_s: float, shape: int) -> None:
+                 latency_s: float, shape: int, multi: bool) -> None:
         self.flow = flow
         self.shape = shape          # FlowNetwork._shapes id of (route resources, rate cap)
+        self.multi = multi          # the route crosses some resource more than once
         self.start_s = start_s
         self.uses = uses
         self.res = res              # the resource ids of `uses`
-        self.seeds = seeds          # the same ids as dict keys (shared by the flows of one route)
         self.remaining = float(flow.size_bytes)
         self.rate = 0.0
         self.updated_s = start_s
@@ -101,43 +109,34 @@ class _Active:
         self.end_s = math.nan       # end of transmission of the flow's valid `_finish` entry (nan: none yet)
 
 
-class _Group:
-    """A connected component as the last `_components` found it: its flows and resources (FlowNetwork._group).
-
-    `split` is set when one of its flows has ended since: the rest may no longer be connected.
-    """
-
-    __slots__ = ("flows", "resources", "split", "mark")
-
-    def __init__(self, flows: set[int], resources: set[int]) -> None:
-        self.flows = flows
-        self.resources = resources
-        self.split = False
-        self.mark = 0
-
-
 class FlowNetwork:
     """Transfers over a topology with max-min fair sharing, advanced event by event (see the module docstring)."""
 
     def __init__(self, topology: RoutingModel, *, start_s: float = 0.0) -> None:
         """Create an empty network at time `start_s` over `topology`."""
         self._topology = topology
+        self._fast_routes = hasattr(topology, "route_uses") and hasattr(topology, "route_latency_s")
         self._now = float(start_s)
         self._next_id = 0
         self._active: dict[int, _Active] = {}
-        self._on: dict[int, dict[int, int]] = {}     # resource -> {flow id: uses}, in start order
+        # resource -> {flow id: uses}, in start order; only busy resources (read idle ones with `get` or `in`)
+        self._on: defaultdict[int, dict[int, int]] = defaultdict(dict)
         self._capacity: dict[int, float] = {}
         self._dirty: dict[int, None] = {}            # resources whose flows need new rates (some may be idle)
-        # (src, dst) -> (route resources, their ids, the ids as dict keys, route latency, shape id without a cap)
+        # (src, dst) -> (route resources, their ids, the ids as dict keys, route latency, shape id without a cap,
+        # whether the route crosses a resource more than once)
         self._routes: dict[tuple, tuple] = {}
-        self._finish: list[tuple[float, int, int]] = []    # (end of transmission, flow id, version)
+        # (end of transmission, push number, [(flow id, version), ...]): one entry for the flows of a re-rating
+        # that end at the same time; a flow's entry is valid while its version is the one listed
+        self._finish: list[tuple[float, int, list[tuple[int, int]]]] = []
+        self._pushes = 0
         self._arrive: list[tuple[float, int]] = []         # (delivery, flow id) after the route latency
         self._sent: dict[int, _Active] = {}          # transmitted, waiting for their latency
         self._shapes: dict[tuple, int] = {}          # (route resources, rate cap) -> small id
         self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}   # component shapes -> rates (_refresh)
         self._levels: dict[tuple, tuple[float, float]] = {}    # filling.one_level's share ranges
-        self._group: dict[int, _Group] = {}          # busy resource -> its component at the last _components
-        self._stamp = 0                              # _components call counter (marks groups taken whole)
+        self._unit_of: dict[int, Unit] = {}         # rated flow id -> its unit (_components)
+        self._stamp = 0                              # _components call counter (marks units taken whole)
 
     @property
     def now_s(self) -> float:
@@ -179,7 +178,7 @@ class FlowNetwork:
             known = routes.get((flow.src, flow.dst))
             if known is None:
                 known = self._route(flow.src, flow.dst)
-            uses, res, keys, latency_s, shape = known
+            uses, res, keys, latency_s, shape, multi = known
             cap = flow.max_bytes_per_s
             if cap is not None:
                 cap = float(cap)
@@ -190,18 +189,14 @@ class FlowNetwork:
                 uses = uses + ((cap_resource, 1),)
                 res = res + (cap_resource,)
                 keys = dict.fromkeys(res)
-            active = _Active(flow, now, uses, res, keys, latency_s if with_latency else 0.0, shape)
+            active = _Active(flow, now, uses, res, latency_s if with_latency else 0.0, shape, multi)
             if flow.size_bytes == 0 or not uses:
                 self._sent[flow_id] = active
                 heapq.heappush(self._arrive, (now + active.latency_s, flow_id))
             else:
                 active_of[flow_id] = active
                 for resource, count in uses:
-                    crossing = on.get(resource)
-                    if crossing is None:
-                        on[resource] = {flow_id: count}
-                    else:
-                        crossing[flow_id] = count
+                    on[resource][flow_id] = count
                 dirty.update(keys)
             flow_id += 1
             self._next_id = flow_id
@@ -209,15 +204,20 @@ class FlowNetwork:
 
     def _route(self, src: int | str, dst: int | str) -> tuple:
         """Remember what `start` needs of the route src -> dst (the link capacities included)."""
-        route = self._topology.route(src, dst)
-        uses = route.resources
+        topology = self._topology
+        if self._fast_routes:   # a Topology: the route's resources and latency without building the route
+            uses, latency_s = topology.route_uses(src, dst), topology.route_latency_s(src, dst)
+        else:
+            route = topology.route(src, dst)
+            uses, latency_s = route.resources, route.latency_s
         res = tuple(resource for resource, _ in uses)
         for resource in res:
             if resource not in self._capacity:
-                self._capacity[resource] = self._topology.capacity_bytes_per_s(resource)
+                self._capacity[resource] = topology.capacity_bytes_per_s(resource)
         shapes = self._shapes
         shape = shapes.setdefault((uses, None), len(shapes))
-        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), route.latency_s, shape)
+        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), latency_s, shape,
+                                            any(count != 1 for _, count in uses))
         return known
 
     def rate_bytes_per_s(self, flow_id: int) -> float:
@@ -288,12 +288,14 @@ class FlowNetwork:
             horizon = event + _SAME_TIME * max(event, 1e-9)
             ended = []
             while finish and finish[0][0] <= horizon:
-                end_s, flow_id, version = heappop(finish)
-                active = active_of.get(flow_id)
-                if active is not None and active.version == version:
-                    ended.append(flow_id)
+                end_s, _, members = heappop(finish)
+                for flow_id, version in members:
+                    active = active_of.get(flow_id)
+                    if active is not None and active.version == version:
+                        ended.append((end_s, flow_id))
             if ended:
-                self._end_transmissions(ended)
+                ended.sort()                # by (end, flow id), as one heap entry per flow would pop them
+                self._end_transmissions([flow_id for _, flow_id in ended])
             while arrive and arrive[0][0] <= horizon:
                 arrive_s, flow_id = heappop(arrive)
                 active = sent.pop(flow_id)
@@ -306,40 +308,51 @@ class FlowNetwork:
 
     def _end_transmissions(self, ended: list[int]) -> None:
         """Flows `ended` (in this order) have sent their last byte now: free their resources, await delivery."""
-        active_of, on, group_of, capacity, sent, arrive = (self._active, self._on, self._group, self._capacity,
-                                                           self._sent, self._arrive)
+        active_of, on, unit_of, capacity, sent, arrive = (self._active, self._on, self._unit_of, self._capacity,
+                                                          self._sent, self._arrive)
         dirty = self._dirty
         now = self._now
         heappush = heapq.heappush
+        touched: set[int] = set()          # the resources of the flows ended
         for flow_id in ended:
             active = active_of.pop(flow_id)
             active.remaining = 0.0
             active.rate = 0.0
-            group = group_of.get(active.res[0])
-            if group is not None:           # (every flow was rated, hence grouped, before it can end)
-                group.flows.discard(flow_id)
-                group.split = True
-            for resource in active.res:
-                crossing = on[resource]
-                del crossing[flow_id]
-                if not crossing:
-                    del on[resource]
-                    if group is not None:
-                        group.resources.discard(resource)
-                        del group_of[resource]
-                    if resource < 0:
-                        del capacity[resource]
-            dirty.update(active.seeds)   # a resource left idle is no seed (_components)
+            unit = unit_of.pop(flow_id)     # (every flow was rated, hence in a unit, before it can end)
+            if not unit.broken:
+                # Its other flows may no longer be connected: they become seeds, to be walked one by one and put
+                # into new units (_components relies on every such flow's resources being seeds).
+                unit.broken = True
+                dirty.update(dict.fromkeys(unit.resources))
+            touched.update(active.res)
             sent[flow_id] = active
             heappush(arrive, (now + active.latency_s, flow_id))
+        gone = set(ended)
+        for resource in touched:            # (in any order: each resource's flows keep theirs)
+            crossing = on[resource]
+            if crossing.keys() <= gone:     # all its flows end now: it goes idle
+                del on[resource]
+                if resource < 0:
+                    del capacity[resource]
+            else:
+                for flow_id in crossing.keys() & gone:
+                    del crossing[flow_id]
 
     def _drop_stale(self) -> None:
-        while self._finish:
-            _, flow_id, version = self._finish[0]
-            active = self._active.get(flow_id)
+        """Pop finish entries none of whose flows is still valid; keep only the valid flows of the first one."""
+        finish, active_of = self._finish, self._active
+        while finish:
+            members = finish[0][2]
+            flow_id, version = members[0]
+            active = active_of.get(flow_id)
             if active is not None and active.version == version:
                 return
-            heapq.heappop(self._finish)
+            valid = [(flow_id, version) for flow_id, version in members
+                     if (active := active_of.get(flow_id)) is not None and active.version == version]
+            if valid:
+                members[:] = valid          # (the push number keeps the heap from comparing member lists)
+                return
+            heapq.heappop(finish)
 
     def _refresh(self) -> None:
         """Recompute rates of the flows connected (through shared resources) to a changed resource.
@@ -360,14 +373,14 @@ class FlowNetwork:
         now = self._now
         finish = self._finish
         memo = self._memo
-        active_of = self._active
-        heappush = heapq.heappush
+        active_get = self._active.__getitem__
         inf = math.inf
+        changed: dict[float, list[tuple[int, int]]] = {}     # end of transmission -> (flow id, version)
         for found, resources in components:
             ids = sorted(found)
-            flows = [active_of[flow_id] for flow_id in ids]
+            flows = list(map(active_get, ids))
             if len(ids) >= _MEMO_MIN_FLOWS:
-                key = tuple([active.shape for active in flows])
+                key = tuple(map(_shape, flows))
                 rates = memo.get(key)
                 if rates is None:
                     rates = self._fill_component(ids, flows, resources)
@@ -385,15 +398,25 @@ class FlowNetwork:
                 active.rate = rate
                 end = now + remaining / rate if rate > 0 else inf
                 if end != active.end_s:     # else its valid entry already says so: the heap pops the same
-                    active.version += 1
+                    version = active.version = active.version + 1
                     active.end_s = end
-                    heappush(finish, (end, flow_id, active.version))
+                    same = changed.get(end)
+                    if same is None:
+                        changed[end] = [(flow_id, version)]
+                    else:
+                        same.append((flow_id, version))
+        heappush = heapq.heappush
+        pushes = self._pushes
+        for end, members in changed.items():
+            pushes += 1
+            heappush(finish, (end, pushes, members))
+        self._pushes = pushes
 
     def _fill_component(self, ids: list[int], flows: list[_Active], resources: Iterable[int]) -> tuple[float, ...]:
         """Rates of one component's flows (`ids` increasing, `flows` their states), in that order: one level when
         `one_level` recognises it, else by filling."""
         capacity, on = self._capacity, self._on
-        level = one_level(capacity, on, resources, flows, self._levels)
+        level = one_level(capacity, on, resources, flows, self._levels, not any(map(_multi, flows)))
         if level is not None:
             return (level,) * len(ids)
         rates: dict[int, float] = {}
@@ -402,60 +425,6 @@ class FlowNetwork:
         return tuple([rates[flow_id] for flow_id in ids])
 
     def _components(self, seeds: Iterable[int]) -> list[tuple[set[int], set[int]]]:
-        """The connected components (active flow ids, resource ids) holding `seeds` (idle seeds are skipped).
-
-        Breadth-first, a whole frontier at a time with set operations (the components are sets: whoever uses
-        them orders what needs an order). Components found are remembered as groups (`_Group`): a group none of
-        whose flows has ended since is still connected and, away from the seeds (the resources of every flow
-        started or ended since), still has exactly its flows; so the search takes such a group whole when it
-        reaches it and looks only at the group's seeds, instead of walking it flow by flow.
-        """
-        on, active, group_of = self._on, self._active, self._group
+        """The connected components (active flow ids, resource ids) holding `seeds` (`units.components`)."""
         self._stamp += 1
-        stamp = self._stamp
-        dirty = set(seeds)
-        seen: set[int] = set()
-        components = []
-        for seed in seeds:
-            if seed in seen or seed not in on:
-                continue
-            resources = {seed}
-            found: set[int] = set()
-            base = None             # the group taken whole that becomes this component's group, if any
-            relabel = [resources]   # resources not of `base`
-            frontier: Iterable[int] = (seed,)
-            while frontier:
-                scan = []
-                for resource in frontier:
-                    group = group_of.get(resource)
-                    if group is None or group.split:
-                        scan.append(resource)
-                    elif group.mark != stamp:
-                        group.mark = stamp
-                        if base is None and len(group.flows) >= len(found):
-                            base = group            # grow the largest group in place (fewer labels to change)
-                            group.flows |= found
-                            group.resources |= resources
-                            found, resources, relabel = group.flows, group.resources, [resources]
-                        else:
-                            found |= group.flows
-                            resources |= group.resources
-                            relabel.append(group.resources)
-                        scan.extend(group.resources & dirty)
-                new_flows = set().union(*[on[r] for r in scan])
-                new_flows -= found
-                if not new_flows:
-                    break
-                found |= new_flows
-                frontier = set().union(*[active[flow_id].res for flow_id in new_flows])
-                frontier -= resources
-                resources |= frontier
-                relabel.append(frontier)
-            seen |= resources
-            if base is None:
-                base = _Group(found, resources)
-                relabel = [resources]
-            for part in relabel:
-                group_of.update(dict.fromkeys(part, base))
-            components.append((found, resources))
-        return components
+        return components(self._on, self._active, self._unit_of, seeds, self._stamp)

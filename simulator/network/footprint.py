@@ -9,7 +9,7 @@ that cannot reach a simulated rank's traffic and to time link-isolated collectiv
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 
 from simulator.network.collectives import CollectiveSchedule, simulate_schedule
 from simulator.network.flows import RoutingModel
@@ -25,13 +25,24 @@ def footprint(topology: RoutingModel, schedule: CollectiveSchedule) -> tuple[int
     Returns:
         The resource ids; empty when the schedule moves no bytes over any link.
     """
-    pairs = dict.fromkeys((flow.src, flow.dst) for phase in schedule.phases for flow in phase.flows
-                          if flow.size_bytes != 0)
-    fast = getattr(topology, "route_resources", None)
-    found: dict[int, None] = {}
+    return tuple(sorted(pairs_footprint(topology, schedule_pairs(schedule))))
+
+
+def schedule_pairs(schedule: CollectiveSchedule) -> dict[tuple, None]:
+    """The distinct (src, dst) of the flows of `schedule` that move bytes, in order of first appearance."""
+    return dict.fromkeys((flow.src, flow.dst) for phase in schedule.phases for flow in phase.flows
+                         if flow.size_bytes != 0)
+
+
+def pairs_footprint(topology: RoutingModel, pairs: Iterable[tuple]) -> set[int]:
+    """Resource ids the routes of `pairs` load together (Topology.pairs_resources where the model has it)."""
+    fast = getattr(topology, "pairs_resources", None)
+    if fast is not None:
+        return fast(pairs)
+    found: set[int] = set()
     for src, dst in pairs:
-        found.update(dict.fromkeys(fast(src, dst) if fast is not None else route_resources(topology, src, dst)))
-    return tuple(sorted(found))
+        found.update(route_resources(topology, src, dst))
+    return found
 
 
 def route_resources(topology: RoutingModel, src: int, dst: int) -> tuple[int, ...]:

@@ -17,16 +17,19 @@ import difflib
 import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import networkx as nx
 
 from simulator.errors import TopologyError
 from simulator.hardware.catalog import DeviceSpec, get_device
-from simulator.network.server import _PS, ROUTE_REFERENCE_BYTES, ServerIndex
+from simulator.network.server import ServerIndex
 from simulator.network.spec import FabricSpec, LinkKind, ServerSpec, read_server, validate_fabric
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _ENDPOINT = re.compile(r"^n(\d+)/(.+)$")
 
@@ -267,12 +270,68 @@ class Topology:
         """`route(src, dst).resources` — (resource id, times crossed), sorted — without building the route."""
         return self.derived(("route_uses", src, dst), lambda: self._uses(src, dst))
 
+    def pairs_resources(self, pairs: Iterable[tuple[int | str, int | str]]) -> set[int]:
+        """The resource ids the routes of all `pairs` (src, dst) load together: the union of their `route_resources`,
+        from each pair's hops as `route` would find them, remembered per pair unsorted (interference analysis of
+        many shadow operations)."""
+        found: set[int] = set()
+        endpoint, compute = self._endpoint, self._compute_resources
+        known = self._derived.get("pair_resources")
+        if known is None:
+            known = self._derived["pair_resources"] = {}      # (src, dst) -> its resource ids, unsorted
+        get = known.get
+        k = self._constants()
+        gpus, count = k.gpus, k.gpus * k.nodes
+        for pair in pairs:
+            ids = get(pair)
+            if ids is None:
+                src, dst = pair
+                if type(src) is int and type(dst) is int and 0 <= src < count and 0 <= dst < count:
+                    ids = compute(divmod(src, gpus), divmod(dst, gpus))    # (`_endpoint` of GPU ids)
+                else:
+                    ids = compute(endpoint(src), endpoint(dst))
+                known[pair] = ids
+            found.update(ids)
+        return found
+
+    def route_latency_s(self, src: int | str, dst: int | str) -> float:
+        """`route(src, dst).latency_s` without building the route: the same hop latencies summed in the same order."""
+        route = self._routes.get((src, dst))
+        if route is not None:
+            return route.latency_s
+        return self.derived(("route_latency", src, dst),
+                            lambda: self._compute_latency(self._endpoint(src), self._endpoint(dst)))
+
+    def _compute_latency(self, a: tuple[int, int], b: tuple[int, int]) -> float:
+        """`_compute_route(a, b).latency_s`: every hop's latency in the order `_compute_route` lists the hops."""
+        index = self._index
+
+        def local(src: int, dst: int) -> list[float]:
+            key = ("local_latencies", src, dst)
+            found = self._derived.get(key)
+            if found is None:
+                found = self._derived[key] = [index.edges[e][2].latency_s for e in index.edge_path(src, dst)]
+            return found
+
+        if a[0] == b[0]:
+            return sum(local(a[1], b[1]))
+        gpus = self.server.gpus
+        out_rail = index.gpu_rail[a[1]] if a[1] < gpus else index.nearest_rail(a[1], True)
+        in_rail = index.gpu_rail[b[1]] if b[1] < gpus else index.nearest_rail(b[1], False)
+        wire = self.server.link(self.fabric.link).latency_s
+        hops = local(a[1], index.nics[out_rail]) + [wire]
+        if self.leaf_of(a[0], out_rail) != self.leaf_of(b[0], in_rail):
+            hops += [wire, wire]
+        hops.append(wire)
+        return sum(hops + local(index.nics[in_rail], b[1]))
+
     def _uses(self, src: int | str, dst: int | str) -> tuple[tuple[int, int], ...]:
         route = self._routes.get((src, dst))
         if route is not None:
             return route.resources
+        ids = self._derived.get("pair_resources", {}).get((src, dst))     # (pairs_resources found them already)
         uses: dict[int, int] = {}
-        for resource in self._resource_list(src, dst):
+        for resource in self._resource_list(src, dst) if ids is None else ids:
             uses[resource] = uses.get(resource, 0) + 1
         return tuple(sorted(uses.items()))
 
@@ -414,43 +473,9 @@ class Topology:
     def graph(self) -> nx.DiGraph:
         """The frozen networkx DiGraph: nodes with `kind` (and `gpu` ids), edges with `bytes_per_s` (payload),
         `raw_bytes_per_s`, `efficiency`, `latency_s`, `link`, `link_class`, `resource`, `cost_ps`, `source`."""
-        index = self._index
-        graph = nx.DiGraph(name=self.name)
-        for node in range(self.nodes):
-            for local, (name, kind) in enumerate(zip(index.names, index.kinds)):
-                attrs = {"kind": kind, "server": node}
-                if kind == "gpu":
-                    attrs["gpu"] = node * self.server.gpus + local
-                graph.add_node(f"n{node}/{name}", **attrs)
-        for leaf in range(self.leaves):
-            graph.add_node(f"leaf{leaf}", kind="leaf", server=None)
-        for spine in range(self._spines):
-            graph.add_node(f"spine{spine}", kind="spine", server=None)
+        from simulator.network.topology_graph import build_graph   # networkx only when a graph is asked for
 
-        def add(u: str, v: str, link: LinkKind, resource: int) -> None:
-            capacity = self.capacity_bytes_per_s(resource)
-            cost = int(round((link.latency_s + ROUTE_REFERENCE_BYTES / capacity) * _PS))
-            graph.add_edge(u, v, bytes_per_s=capacity, raw_bytes_per_s=capacity / link.efficiency,
-                           efficiency=link.efficiency, latency_s=link.latency_s, link=link.name,
-                           link_class=link.link_class, resource=resource, cost_ps=cost, source=link.source)
-
-        for node in range(self.nodes):
-            for u, v, link, res in index.edges:
-                add(f"n{node}/{index.names[u]}", f"n{node}/{index.names[v]}", link, node * self._local_resources + res)
-        if self.nodes > 1:
-            link = self.server.link(self.fabric.link)
-            base = self._fabric_base
-            for node in range(self.nodes):
-                for rail, nic in enumerate(index.nics):
-                    port, leaf = node * self.rails + rail, self.leaf_of(node, rail)
-                    add(f"n{node}/{index.names[nic]}", f"leaf{leaf}", link, base + 2 * port)
-                    add(f"leaf{leaf}", f"n{node}/{index.names[nic]}", link, base + 2 * port + 1)
-            up = base + 2 * self.nodes * self.rails
-            for leaf in range(self.leaves):
-                for spine in range(self._spines):
-                    add(f"leaf{leaf}", f"spine{spine}", link, up + 2 * (leaf * self._spines + spine))
-                    add(f"spine{spine}", f"leaf{leaf}", link, up + 2 * (leaf * self._spines + spine) + 1)
-        return nx.freeze(graph)
+        return build_graph(self)
 
 
 def topology_dir() -> Path:

@@ -34,7 +34,7 @@ from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Collective, Free,
                                         Instruction, Mark, Period, Program, Recv, Run, Send, Signal,
-                                        WaitFor)
+                                        WaitFor, checked_collective, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
 from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor, moved_ids
@@ -118,11 +118,11 @@ class _Streams:
         if group is None:
             self.compute.append(Run(op, duration_s, iteration, shift, low))
             return
-        self.count += 1
-        ready = f"{ready_label}#{self.count}"
-        self.count += 1
-        done = f"{done_label}#{self.count}"
-        self.compute.append(Signal(ready))
+        count = self.count
+        ready = f"{ready_label}#{count + 1}"
+        done = f"{done_label}#{count + 2}"
+        self.count = count + 2
+        self.compute.append(signal(ready))
         allocs, frees = op.allocs, op.frees
         if shift:
             allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
@@ -134,13 +134,14 @@ class _Streams:
                 collective = self.unmoved[key] = Collective(op.name, kind, group, size_bytes, allocs, frees,
                                                             iteration)
         else:
-            collective = Collective(op.name, kind, group, size_bytes, allocs, frees, iteration,
-                                    (op.allocs, op.frees, shift, low))
-        comm += [WaitFor(ready), collective, Signal(done)]
+            # _lower_collective checked name, kind, group and size once per op.
+            collective = checked_collective(op.name, kind, group, size_bytes, allocs, frees, iteration,
+                                            (op.allocs, op.frees, shift, low))
+        comm += [wait_for(ready), collective, signal(done)]
         if overlapped:
             self.pending.append(done)
         else:
-            self.compute.append(WaitFor(done))
+            self.compute.append(wait_for(done))
 
     def _lower_collective(self, op: Op) -> tuple:
         """(op, group or None when it is this rank alone, stream, event labels, kind, size, overlapped)."""
@@ -152,12 +153,13 @@ class _Streams:
             return (op, None, None, "", "", "", 0.0, False)
         comm = self.stream(self.dp_stream if axis == "dp" else COMM_STREAM)
         overlapped = axis == "dp" and op.collective in ("all_reduce", "reduce_scatter")
-        return (op, group, comm, f"{op.name}.ready", f"{op.name}.done", op.collective or "all_reduce",
-                float(op.comm_bytes), overlapped)
+        kind, size_bytes = op.collective or "all_reduce", float(op.comm_bytes)
+        Collective(op.name, kind, group, size_bytes)     # validates what post's checked_collective copies
+        return (op, group, comm, f"{op.name}.ready", f"{op.name}.done", kind, size_bytes, overlapped)
 
     def flush(self) -> None:
         """The compute stream waits for every outstanding data-parallel reduction."""
-        self.compute += [WaitFor(event) for event in self.pending]
+        self.compute += [wait_for(event) for event in self.pending]
         self.pending.clear()
 
     def microbatch(self, timed: _TimedOps, iteration: int, shift: int, low: int) -> None:

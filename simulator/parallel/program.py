@@ -174,6 +174,45 @@ class Recv:
         _check_size("recv", self.name, self.size_bytes)
 
 
+# Constructors for the lowering's hot path: the same values as Signal(e), WaitFor(e) and Collective(...), built
+# without the frozen dataclasses' per-field object.__setattr__ (3-4x cheaper; a cluster-scale lowering makes
+# millions). `checked_collective` skips Collective's validation: only for fields an earlier Collective checked.
+_new_instance = object.__new__
+_set_event = (Signal.__dict__["event"].__set__, WaitFor.__dict__["event"].__set__)
+_COLLECTIVE_SETTERS = tuple(Collective.__dict__[name].__set__ for name in
+                            ("name", "kind", "group", "size_bytes", "allocs", "frees", "iteration", "moved"))
+
+
+def signal(event: str) -> Signal:
+    """Signal(event), built fast."""
+    instance = _new_instance(Signal)
+    _set_event[0](instance, event)
+    return instance
+
+
+def wait_for(event: str) -> WaitFor:
+    """WaitFor(event), built fast."""
+    instance = _new_instance(WaitFor)
+    _set_event[1](instance, event)
+    return instance
+
+
+def checked_collective(name: str, kind: str, group: tuple[int, ...], size_bytes: float, allocs: tuple[int, ...],
+                       frees: tuple[int, ...], iteration: int, moved: tuple | None) -> Collective:
+    """Collective(...) with name, kind, group and size_bytes already validated by an equal Collective."""
+    instance = _new_instance(Collective)
+    set_name, set_kind, set_group, set_size, set_allocs, set_frees, set_iteration, set_moved = _COLLECTIVE_SETTERS
+    set_name(instance, name)
+    set_kind(instance, kind)
+    set_group(instance, group)
+    set_size(instance, size_bytes)
+    set_allocs(instance, allocs)
+    set_frees(instance, frees)
+    set_iteration(instance, iteration)
+    set_moved(instance, moved)
+    return instance
+
+
 Instruction = Run | Alloc | Free | Signal | WaitFor | Mark | Period | Collective | Send | Recv
 COMM_INSTRUCTIONS = (Collective, Send, Recv)
 

@@ -1,0 +1,22 @@
+"""Objects a command-line run keeps until the process exits instead of releasing them one by one."""
+
+from __future__ import annotations
+
+# The CLI ends with os._exit once its outputs are written. A cluster-scale run builds millions of objects
+# (instructions, events, spans, samples); releasing them as each function returns took ~2 s of CPU at GPT-3 175B
+# on 1,024 GPUs and changes nothing. Library callers (tests, notebooks) never switch this on: their objects are
+# released as usual.
+_kept: list[tuple] | None = None
+
+
+def keep_until_exit() -> None:
+    """From now on, `keep` holds what it is given until the process ends (the CLI's os._exit)."""
+    global _kept
+    if _kept is None:
+        _kept = []
+
+
+def keep(*objects: object) -> None:
+    """Hold `objects` until the process exits, when keep_until_exit was called; otherwise nothing."""
+    if _kept is not None:
+        _kept.append(objects)
