@@ -7,11 +7,11 @@ import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from simulator import lifetime
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
-from simulator import lifetime
 from simulator.parallel.lower import lower_single_rank
 from simulator.report.metrics import build_report
 from simulator.scenario import Scenario
@@ -117,7 +117,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True) -> Result:
 
     `timelines` False: keep no memory samples (`Result.trace.ranks[k].memory` is empty). The report does not
     read them, only the memory plot and the Chrome trace's counters do; at GPT-3 175B on 1,024 GPUs keeping
-    them costs a fifth of the run. Every other result is the same either way (tests/test_cli.py).
+    them costs a fifth of the run. Every other result is the same either way (tests/test_stretches.py).
     """
     p = scenario.parallel
     if p.dp * p.tp * p.pp > 1:

@@ -13,12 +13,12 @@ import numpy as np
 import simpy
 import simpy.core
 
+from simulator import lifetime
 from simulator.engine.allocator import Allocator
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.errors import DeadlockError, TopologyError
-from simulator import lifetime
 from simulator.parallel.program import (Alloc, Collective, Free, Mark, Period, Program, Recv, Run, Send,
                                         Signal, WaitFor)
 from simulator.trace.records import COMM_PHASE, Trace
