@@ -25,7 +25,8 @@ from simulator.network.topology import Route, load_topology
 
 
 def reference_max_min_rates(capacities, uses):
-    """The progressive filling memsim used before the lazy heap: a fresh entry after every change."""
+    """The progressive filling memsim used before the lazy heap: a fresh entry after every change. A copy on
+    purpose (filling._fill_eager is the same loop): an oracle that does not change with the code it checks."""
     remaining = dict(capacities)
     weight = {r: 0.0 for r in capacities}
     members = {r: [] for r in capacities}

@@ -34,9 +34,9 @@ CASES = [    # (nodes, global batch, parallel plan, also against every engine sh
 ]
 
 
-@pytest.mark.parametrize("nodes, global_batch, parallel, plain", CASES)
-def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parallel, plain):
-    replayed = []
+def _count_replays(monkeypatch) -> list[bool]:
+    """Stretches.replay spied on: the list gets, per call, whether it applied a record."""
+    replayed: list[bool] = []
     real = Stretches.replay
 
     def spy(self, *args):
@@ -45,6 +45,12 @@ def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parall
         return done
 
     monkeypatch.setattr(Stretches, "replay", spy)
+    return replayed
+
+
+@pytest.mark.parametrize("nodes, global_batch, parallel, plain", CASES)
+def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parallel, plain):
+    replayed = _count_replays(monkeypatch)
     doc = _steady(nodes, global_batch, **parallel)
     fast = _everything(api.simulate(scenario_from_dict(doc)))
     assert sum(replayed) > 0           # the comparison below compares two different computations
@@ -59,15 +65,7 @@ def test_stretch_replay_changes_nothing(monkeypatch, nodes, global_batch, parall
 def test_runs_without_memory_samples_give_everything_else_unchanged(monkeypatch, record_events):
     # `memsim run` without --out keeps no samples (api.simulate(timelines=False)): stretches and periods are
     # replayed and checked without them, and every other result must be the same.
-    replayed = []
-    real = Stretches.replay
-
-    def spy(self, *args):
-        done = real(self, *args)
-        replayed.append(done is not None)
-        return done
-
-    monkeypatch.setattr(Stretches, "replay", spy)
+    replayed = _count_replays(monkeypatch)
     doc = _steady(4, 32, tp=8, pp=4, dp=1, sequence_parallel=True)
     doc["run"]["record_events"] = record_events
     full = _everything(api.simulate(scenario_from_dict(doc)))

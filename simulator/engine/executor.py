@@ -17,11 +17,11 @@ from simulator import lifetime
 from simulator.engine.allocator import Allocator
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
-from simulator.engine.timelines import SampleColumns, SpanColumns
+from simulator.engine.timelines import SampleColumns, SpanColumns, comm_span_info
 from simulator.errors import DeadlockError, TopologyError
 from simulator.parallel.program import (Alloc, Collective, Free, Mark, Period, Program, Recv, Run, Send,
                                         Signal, WaitFor)
-from simulator.trace.records import COMM_PHASE, Trace
+from simulator.trace.records import Trace
 from simulator.workload.graph import CATEGORIES
 
 if TYPE_CHECKING:
@@ -352,8 +352,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                 if stream == COMPUTE_STREAM:
                     state.exposed_intervals.append((started, now))
             if record_spans:
-                spans += (((rank, stream, instruction.name, span_kind, COMM_PHASE),
-                           (0.0, int(instruction.size_bytes), instruction.iteration)), started, now)
+                spans += (comm_span_info(rank, stream, instruction, span_kind), started, now)
             if kind is Collective and instruction.frees:
                 memory.collective_free(instruction, now)
     for parked in list(state.parked) if stream == COMPUTE_STREAM else ():
@@ -456,8 +455,7 @@ def _finish_inline(state: RankState, plan: tuple[str, int], start_s: float, end_
         state.comm_intervals.append((start_s, end_s))
         state.stream_transfers.setdefault(name, []).append((start_s, end_s))
     if record_spans:
-        state.spans[name] += (((state.program.rank, name, collective.name, collective.kind, COMM_PHASE),
-                               (0.0, int(collective.size_bytes), collective.iteration)), start_s, end_s)
+        state.spans[name] += (comm_span_info(state.program.rank, name, collective, collective.kind), start_s, end_s)
     if collective.frees:
         state.memory.collective_free(collective, end_s)
     if end_s > start_s:

@@ -264,10 +264,9 @@ class RankMemory:
             self.allocator.allocated_bytes, self.allocator.reserved_bytes, tuple(self.by_category),
             events, op_ids, shift)))
 
-    def _sample(self, time_s: float, op: str, allocated: int | None = None, reserved: int | None = None) -> None:
-        if allocated is None:
-            allocated = self.allocator.allocated_bytes
-            reserved = self.allocator.reserved_bytes
+    def _sample(self, time_s: float, op: str) -> None:
+        allocated = self.allocator.allocated_bytes
+        reserved = self.allocator.reserved_bytes
         if self.record_timeline:
             self.samples += (time_s, allocated, reserved, tuple(self.by_category))
         if self.measuring:

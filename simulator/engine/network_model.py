@@ -181,6 +181,11 @@ class NetworkModel:
         self.shadow_operations += len(kept)
         self.shadows_dropped += dropped
 
+    def timed_isolated_s(self, kind: str, group: tuple[int, ...], size_bytes: float) -> float | None:
+        """The duration alone of a link-isolated collective already timed (by inline_duration_s or a launch), else
+        None."""
+        return self._isolated.get((kind, group, size_bytes))
+
     def inline_duration_s(self, rank: int, instruction: Collective) -> float | None:
         """The duration of `instruction` if `rank` may run it inline, else None (nothing is changed then).
 
@@ -447,12 +452,11 @@ class NetworkModel:
         found = self._shadow_sends.get(key)
         if found is not None:
             return found
-        schedules = []
-        for a, b in self._shadow_pairs(src, dst):
-            if self._kept is None or ("send", (a, b), size_bytes) in self._kept:
-                schedules.append(self._lower("send", (a, b), size_bytes))
+        pairs = self._shadow_pairs(src, dst)
+        schedules = [self._lower("send", pair, size_bytes) for pair in pairs
+                     if self._kept is None or ("send", pair, size_bytes) in self._kept]
         kept = len(schedules)
-        dropped = len(self._shadow_pairs(src, dst)) - kept
+        dropped = len(pairs) - kept
         moving = [schedule for schedule in schedules if schedule.phases]     # no phases: nothing to launch
         if moving and all(len(s.phases) == 1 and s.phases[0].latency_s == moving[0].phases[0].latency_s
                           for s in moving):

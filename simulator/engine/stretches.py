@@ -23,8 +23,8 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from simulator.engine.rank_state import COMPUTE_STREAM
+from simulator.engine.timelines import comm_span_info
 from simulator.parallel.program import Run, Signal
-from simulator.trace.records import COMM_PHASE
 
 if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
@@ -286,7 +286,7 @@ class Stretches:
                     return None
                 name, k = plan
                 collective = streams[name][k + 1]
-                duration = network._isolated.get((collective.kind, collective.group, collective.size_bytes))
+                duration = network.timed_isolated_s(collective.kind, collective.group, collective.size_bytes)
                 if duration is None or duration < 0 or k + 3 >= len(streams[name]):
                     return None
                 dk = k - first_k.setdefault(name, k)
@@ -295,8 +295,7 @@ class Stretches:
                 if inlines[-1][-1] is None:
                     return None
                 durations.append(duration)
-                comm.append((name, step, ((rank, name, collective.name, collective.kind, COMM_PHASE),
-                                          (0.0, int(collective.size_bytes), collective.iteration))))
+                comm.append((name, step, comm_span_info(rank, name, collective, collective.kind)))
                 _calls(collective, step, sample_steps, sample_ops)
                 position += 2
             else:

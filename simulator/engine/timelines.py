@@ -23,6 +23,11 @@ new_tuple = tuple.__new__
 _op_phase = attrgetter("op.phase")
 
 
+def comm_span_info(rank: int, stream: str, instruction, kind: str) -> tuple:
+    """The info of a communication span in the flat columns: its Span fields before and after the times."""
+    return (rank, stream, instruction.name, kind, COMM_PHASE), (0.0, int(instruction.size_bytes), instruction.iteration)
+
+
 class Recorded(Sequence):
     """A read-only list built on first read (then kept)."""
 

@@ -157,7 +157,8 @@ def _check(topology: Topology, kind: str, group: Sequence[int], size_bytes: floa
         raise TopologyError(f"{kind}: group = []: must name at least one GPU")
     limit = topology.num_gpus
     for gpu in members:
-        if type(gpu) is not int and (isinstance(gpu, bool) or not isinstance(gpu, int)) or not 0 <= gpu < limit:
+        is_int = type(gpu) is int or (isinstance(gpu, int) and not isinstance(gpu, bool))    # (plain int first: fast)
+        if not is_int or not 0 <= gpu < limit:
             raise TopologyError(f"{kind}: group member {gpu!r} must be a GPU id in 0..{limit - 1}")
     if len(set(members)) != len(members):
         raise TopologyError(f"{kind}: group = {list(members)}: GPU ids must be distinct")

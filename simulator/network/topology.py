@@ -307,11 +307,7 @@ class Topology:
         index = self._index
 
         def local(src: int, dst: int) -> list[float]:
-            key = ("local_latencies", src, dst)
-            found = self._derived.get(key)
-            if found is None:
-                found = self._derived[key] = [index.edges[e][2].latency_s for e in index.edge_path(src, dst)]
-            return found
+            return [link.latency_s for link in self._local_edges(src, dst, 2)]
 
         if a[0] == b[0]:
             return sum(local(a[1], b[1]))
@@ -346,11 +342,7 @@ class Topology:
         gpus, rails, nodes, local_count, base, spines = k.gpus, k.rails, k.nodes, k.local_count, k.base, k.spines
 
         def local(node: int, src: int, dst: int) -> list[int]:
-            key = ("local_resources", src, dst)
-            path = self._derived.get(key)
-            if path is None:
-                path = self._derived[key] = [index.edges[e][3] for e in index.edge_path(src, dst)]
-            return [node * local_count + res for res in path]
+            return [node * local_count + res for res in self._local_edges(src, dst, 3)]
 
         if a[0] == b[0]:
             ids = local(a[0], a[1], b[1])
@@ -373,6 +365,13 @@ class Topology:
             ids.append(base + 2 * port_b + 1)
             ids += local(b[0], index.nics[in_rail], b[1])
         return ids
+
+    def _local_edges(self, src: int, dst: int, field: int) -> list:
+        """Field `field` (2: the link, 3: the resource id on server 0) of every edge of the server-local path
+        src -> dst, in path order, remembered."""
+        index = self._index
+        return self.derived(("local_edges", field, src, dst),
+                            lambda: [index.edges[e][field] for e in index.edge_path(src, dst)])
 
     def _compute_route(self, a: tuple[int, int], b: tuple[int, int]) -> Route:
         index = self._index
