@@ -2,9 +2,10 @@
 
 Conventions (what is modelled and how):
 * Compute stream runs each schedule action's ops: F = the forward ops of that micro-batch and chunk,
-  B = its backward ops. Zero-bubble schedules' I is lowered as the whole backward (B) and W as
-  nothing: the replayed backward interleaves input- and weight-gradient kernels with the frees of
-  saved tensors, so splitting them would misplace memory events.
+  B = its backward ops. A stage chunk whose schedule splits backwards has them split into I (input
+  gradients, with the send to the previous stage) and W (weight gradients) by
+  workload/weight_split.py, which also places every free at the tensor's last use in that order; B of
+  such a chunk runs I then W. The micro-batch's inputs are freed after I, or after W when W reads them.
 * Pipeline messages: after F the stage output is sent to the next stage, after B the input gradient
   to the previous one (SEND_STREAM, one stream per peer and kind so that sends to different peers do
   not queue behind each other); a Recv (RECV_STREAM) is posted right before the action that needs it
@@ -39,7 +40,7 @@ from simulator.parallel.schedule_check import CommStep, program as schedule_prog
 from simulator.parallel.schedules import Action, Schedule
 from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor, moved_ids
 from simulator.workload.primitives import KernelProfile
-from simulator.workload.stage import StageSpec, StageWorkload, build_stage
+from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
 from simulator.workload.training import IterationWorkload, Recipe
 from simulator.workload.transformer import Shape
 
@@ -257,12 +258,15 @@ def build_stage_workloads(shape: Shape, recipe: Recipe, profile: KernelProfile, 
     result: dict[tuple[int, int], StageWorkload] = {}
     previous: tuple[tuple[int, ...], str] | None = None
     for span in spans:
-        actions = schedule.ranks[span.stage]
-        backwards = [a.microbatch for a in actions if a.kind in ("B", "I") and a.chunk == span.chunk]
+        actions = [a for a in schedule.ranks[span.stage] if a.chunk == span.chunk]
+        split = any(a.kind == "I" for a in actions)
+        # .grad is created by the backward that starts first; gradients are reduced after the one that ends last.
+        backwards = [a.microbatch for a in actions if a.kind in ("B", "I")]
+        ends = [a.microbatch for a in actions if a.kind in ("B", "W")]
         first_backward = backwards[0] if backwards else 0
-        last_backward = backwards[-1] if backwards else schedule.microbatches - 1
+        last_backward = ends[-1] if ends else schedule.microbatches - 1
         workload = build_stage(shape, recipe, profile, specs[(span.stage, span.chunk)], schedule.microbatches,
-                               first_backward, previous, sync_microbatch=last_backward)
+                               first_backward, previous, sync_microbatch=last_backward, split_weight=split)
         result[(span.stage, span.chunk)] = workload
         previous = (workload.output_shape, workload.output_dtype)
     return result
@@ -330,8 +334,8 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
 
 
 def _timed_microbatches(workload: StageWorkload, device: DeviceSpec,
-                        cache: dict[tuple, float]) -> list[tuple[_TimedOps, _TimedOps]]:
-    """(forward, backward) timed ops per micro-batch; a copy (`shift` != 0) shares its template's, whose
+                        cache: dict[tuple, float]) -> list[tuple[_TimedOps, _TimedOps, _TimedOps]]:
+    """(forward, backward, weight) timed ops per micro-batch; a copy (`shift` != 0) shares its template's, whose
     durations are its own (same ops and sizes; the L2 reuse only looks at adjacent ops of one micro-batch)."""
     by_ops: dict[int, _TimedOps] = {}      # id(op tuple) -> its timing (copies share their template's tuple)
 
@@ -341,13 +345,13 @@ def _timed_microbatches(workload: StageWorkload, device: DeviceSpec,
             found = by_ops[id(ops)] = _TimedOps.of(timed_ops(list(ops), workload.tensors, device, 0, cache))
         return found
 
-    return [(timed(mb.forward), timed(mb.backward)) for mb in workload.microbatches]
+    return [(timed(mb.forward), timed(mb.backward), timed(mb.weight)) for mb in workload.microbatches]
 
 
 def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], timed, it: int) -> None:
     workload = mine[action.chunk]
     mb = workload.microbatches[action.microbatch]
-    forward, backward = timed[action.chunk][action.microbatch]
+    forward, backward, weight = timed[action.chunk][action.microbatch]
     if action.kind == "F":
         if mb.shift:
             # A copy's forward: where a repeated period of memory calls may start (engine/repeats.py).
@@ -358,12 +362,23 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
         if mb.inputs:
             streams.compute.append(Alloc(mb.inputs, f"micro-batch {action.microbatch} inputs"))
         streams.microbatch(forward, it, mb.shift, mb.low)
-    elif action.kind in ("B", "I"):
+        return
+    if action.kind in ("B", "I"):
         streams.microbatch(backward, it, mb.shift, mb.low)
-        done = mb.inputs + ((mb.stage_input,) if mb.stage_input is not None else ())
-        if done:
-            streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))
-    # W: its kernels ran with I (module docstring).
+    if action.kind in ("B", "W"):
+        streams.microbatch(weight, it, mb.shift, mb.low)      # nothing unless the chunk's backwards are split
+    done = mb.inputs + ((mb.stage_input,) if mb.stage_input is not None else ())
+    if action.kind != "B":
+        late = _weight_touched(mb)            # what W still reads is freed after W, the rest after I
+        done = tuple(t for t in done if (t in late) == (action.kind == "W"))
+    if done:
+        streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))
+
+
+def _weight_touched(mb: MicrobatchStage) -> set[int]:
+    """The tensor ids (this micro-batch's) that its W ops read, write or free."""
+    ids = tuple({t for op in mb.weight for t in op.inputs + op.outputs + op.allocs + op.frees})
+    return set(moved_ids(ids, mb.shift, mb.low) if mb.shift else ids)
 
 
 def _copy_region(workload: StageWorkload) -> tuple[int, int]:
@@ -450,7 +465,8 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
     # A copy's id maps to its template's Tensor (StageWorkload.tensors): the moved Tensor takes the key's id.
     tensors = {tid + offset: Tensor(tid + offset, t.name, t.nbytes, t.category, t.dtype, t.shape, t.persistent)
                for tid, t in workload.tensors.items()}
-    microbatches = tuple(replace(mb, forward=ops(mb.forward), backward=ops(mb.backward), inputs=ids(mb.inputs),
+    microbatches = tuple(replace(mb, forward=ops(mb.forward), backward=ops(mb.backward), weight=ops(mb.weight),
+                                 inputs=ids(mb.inputs),
                                  stage_input=None if mb.stage_input is None else mb.stage_input + offset,
                                  grad_output=None if mb.grad_output is None else mb.grad_output + offset,
                                  low=mb.low + offset if mb.shift else 0)

@@ -134,11 +134,15 @@ class _StageFlops:
     """The two attributes `model_flops` reads, for one pipeline stage's workload (all its chunks)."""
 
     def __init__(self, workloads) -> None:
-        self.first_microbatch = [op for w in workloads for op in w.microbatches[0].forward + w.microbatches[0].backward]
-        self.later_microbatch = [op for w in workloads if len(w.microbatches) > 1
-                                 for op in w.microbatches[1].forward + w.microbatches[1].backward]
+        self.first_microbatch = [op for w in workloads for op in _ops(w.microbatches[0])]
+        self.later_microbatch = [op for w in workloads if len(w.microbatches) > 1 for op in _ops(w.microbatches[1])]
         self.parameter_count = sum(w.parameter_count for w in workloads)
         self.meta: dict[str, object] = {}
+
+
+def _ops(microbatch) -> tuple:
+    """A stage micro-batch's forward, backward and (zero-bubble split) weight-gradient ops."""
+    return microbatch.forward + microbatch.backward + microbatch.weight
 
 
 def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace) -> dict:

@@ -31,6 +31,7 @@ from simulator.workload.primitives import KernelProfile, Ops, annotate_collectiv
 from simulator.workload.tape import Ref, Tape, numel
 from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, dtypes_for, model_states, workspace_first_use
 from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
+from simulator.workload.weight_split import split_backward
 
 SEED_OP = "loss.backward_seed"
 
@@ -56,7 +57,9 @@ class MicrobatchStage:
 
     Attributes:
         forward: ops up to the stage output (or the loss).
-        backward: the loss seed (last stage only) then the backward ops.
+        backward: the loss seed (last stage only) then the backward ops; with a zero-bubble split, only
+            the input-gradient part (I).
+        weight: the weight-gradient part (W) of a zero-bubble split (workload/weight_split.py), else empty.
         inputs: token ids / targets allocated before the forward and freed after the backward.
         stage_input: the activation received from the previous stage (None on the first stage).
         grad_output: the gradient of the stage output received from the next stage (None on the last).
@@ -73,6 +76,7 @@ class MicrobatchStage:
     grad_output: int | None
     output_bytes: int
     input_grad_bytes: int
+    weight: tuple[Op, ...] = ()
     # The recorded micro-batch whose ops a copy shares (-1: recorded, or given its own ops after copying).
     copy_of: int = field(default=-1, compare=False)
     shift: int = 0
@@ -84,7 +88,8 @@ class MicrobatchStage:
         if not self.shift:
             return self
         return replace(self, forward=_moved_ops(self.forward, self.shift, self.low, self.index),
-                       backward=_moved_ops(self.backward, self.shift, self.low, self.index), shift=0, low=0)
+                       backward=_moved_ops(self.backward, self.shift, self.low, self.index),
+                       weight=_moved_ops(self.weight, self.shift, self.low, self.index), shift=0, low=0)
 
 
 def _moved_ops(ops: tuple[Op, ...], shift: int, low: int, index: int) -> tuple[Op, ...]:
@@ -143,7 +148,7 @@ class _Template:
             return value + shift if value >= low else value
 
         return MicrobatchStage(
-            forward=mb.forward, backward=mb.backward, inputs=tuple([moved(v) for v in mb.inputs]),
+            forward=mb.forward, backward=mb.backward, weight=mb.weight, inputs=tuple([moved(v) for v in mb.inputs]),
             stage_input=None if mb.stage_input is None else moved(mb.stage_input),
             grad_output=None if mb.grad_output is None else moved(mb.grad_output),
             output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes,
@@ -170,7 +175,8 @@ class _Landings:
 
 def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: StageSpec, microbatches: int,
                 first_backward: int = 0, stage_input: tuple[tuple[int, ...], str] | None = None,
-                replay_all: bool = False, sync_microbatch: int | None = None) -> StageWorkload:
+                replay_all: bool = False, sync_microbatch: int | None = None,
+                split_weight: bool = False) -> StageWorkload:
     """Build one pipeline stage's ops for `microbatches` micro-batches.
 
     Args:
@@ -188,6 +194,9 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             `MicrobatchStage.shift` / `low` saying how their ids move).
         sync_microbatch: the micro-batch whose backward runs last on this stage (it reduces the
             gradients when recipe.dp > 1); default the last one.
+        split_weight: split every backward into I and W (zero-bubble schedules; workload/weight_split.py).
+            `first_backward` is then the first I (its I and W create `.grad`: exact when the W passes
+            run in the order of the I passes, as in the built-in schedules) and `sync_microbatch` the last W.
 
     Returns:
         The StageWorkload.
@@ -277,10 +286,15 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
                                           received.dtype, received.shape)
         forward, backward, seed = _split(replayed, keep_seed=spec.last)
         offset = len(forward) + (0 if spec.last else 1)
-        landings.append(_Landings({pid: max(0, k - offset) for pid, k in policy.landing.items()},
-                                  list(policy.order), dict(policy.grad_id)))
+        landing = {pid: max(0, k - offset) for pid, k in policy.landing.items()}
+        weight: tuple[Op, ...] = ()
+        if split_weight:
+            split = split_backward(backward)
+            backward, weight = split.input_part, split.weight_part
+            landing = {pid: split.position(k) for pid, k in landing.items()}
+        landings.append(_Landings(landing, list(policy.order), dict(policy.grad_id)))
         results.append(MicrobatchStage(
-            forward=forward, backward=backward, inputs=tuple(ref.id for ref in declared),
+            forward=forward, backward=backward, weight=weight, inputs=tuple(ref.id for ref in declared),
             stage_input=None if received is None else received.id,
             grad_output=None if spec.last else seed,
             output_bytes=0 if spec.last else loss.nbytes,
@@ -314,7 +328,8 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         microbatches=tuple(results), optimizer=opt_ops, gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs), output_shape=output_shape,
         output_dtype=output_dtype, meta=meta,
-        first_use=workspace_first_use(list(results[0].forward + results[0].backward), states.workspaces))
+        first_use=workspace_first_use(list(results[0].forward + results[0].backward + results[0].weight),
+                                      states.workspaces))
     if recipe.dp == 1:
         return workload
     infos = [ParamInfo(ref.id, name, numel(ref.shape), dts.grad,
@@ -334,10 +349,13 @@ def _data_parallel(workload: StageWorkload, recipe: Recipe, profile: KernelProfi
     tensors = dict(workload.tensors)
     sync = prepare_sync(setup, params, tensors, ids)
     mb = workload.microbatches[sync_microbatch].resolved()     # a copy gets its own ops (their ids change)
-    backward = reduce_gradients(list(mb.backward), landings[sync_microbatch], setup, sync,
+    # A split backward's landings index I + W (build_stage); what lands in W is reduced in W.
+    backward = reduce_gradients(list(mb.backward + mb.weight), landings[sync_microbatch], setup, sync,
                                 landings[first_backward].grad_id, allocate_shard=True)
+    cut = next((k for k, op in enumerate(backward) if mb.weight and op is mb.weight[0]), len(backward))
     microbatches = list(workload.microbatches)
-    microbatches[sync_microbatch] = replace(mb, backward=tuple(backward), copy_of=-1)
+    microbatches[sync_microbatch] = replace(mb, backward=tuple(backward[:cut]), weight=tuple(backward[cut:]),
+                                            copy_of=-1)
     state_ids, optimizer = workload.optimizer_state_ids, workload.optimizer
     if recipe.zero_stage == 1:
         state_list, optimizer = sharded_step(workload, setup, sync.shard_numel, sync.total_numel, tensors, ids, None)
