@@ -110,7 +110,8 @@ def test_inline_keeps_order_against_other_streams(steps, side_first):
     assert results[0] == results[1]
 
 
-def test_micro_batch_copies_are_timed_like_their_original():
+@pytest.mark.parametrize("schedule_name", ["1f1b", "zb-h1"])
+def test_micro_batch_copies_are_timed_like_their_original(schedule_name):
     # A stage's copied micro-batches reuse their original's op durations: the same as costing them again.
     from simulator.parallel.lower import timed_ops
     from simulator.parallel.lower_multi import _timed_microbatches
@@ -123,15 +124,17 @@ def test_micro_batch_copies_are_timed_like_their_original():
     device = cluster.device
     plan = make_plan(scenario, cluster.topology)
     recipe = api.multi_recipe(scenario, device)
-    schedule = load_schedule("1f1b", 2, recipe.accumulation_steps, scenario.parallel.virtual_stages)
+    schedule = load_schedule(schedule_name, 2, recipe.accumulation_steps, scenario.parallel.virtual_stages)
     workloads = build_stage_workloads(api.model_shape(scenario), recipe, api.kernel_profile(device), plan, schedule)
     for workload in workloads.values():
         assert any(mb.copy_of >= 0 for mb in workload.microbatches)
         fast = _timed_microbatches(workload, device, {})
-        for mb, (forward, backward) in zip(workload.microbatches, fast):
+        for mb, (forward, backward, weight) in zip(workload.microbatches, fast):
             # Timed once per template (a copy shares its ops), the same as costing the copy's own ops.
             own = mb.resolved()
-            for timed, ops, own_ops in ((forward, mb.forward, own.forward), (backward, mb.backward, own.backward)):
+            assert bool(mb.weight) == (schedule_name == "zb-h1")
+            for timed, ops, own_ops in ((forward, mb.forward, own.forward), (backward, mb.backward, own.backward),
+                                        (weight, mb.weight, own.weight)):
                 assert [op for op, _ in timed.pairs] == list(ops)
                 assert [d for _, d in timed.pairs] == \
                     [r.duration_s for r in timed_ops(list(own_ops), workload.tensors, device, 0)]

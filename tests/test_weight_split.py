@@ -76,7 +76,7 @@ def backwards(draw) -> list[Op]:
     return ops
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(backwards())
 def test_any_backward_splits_into_a_valid_program_with_frees_at_last_use(ops):
     _replay_is_valid(tuple(ops))
