@@ -25,8 +25,8 @@ def _replay_is_valid(ops: tuple[Op, ...]) -> None:
         live -= set(op.frees)
 
 
-def _check_split(ops: list[Op]) -> None:
-    split = split_backward(ops)
+def _check_split(ops: list[Op], retained=None) -> None:
+    split = split_backward(ops, retained)
     new = split.input_part + split.weight_part
     _replay_is_valid(new)
     by_name = {op.name: k for k, op in enumerate(ops)}
@@ -39,8 +39,14 @@ def _check_split(ops: list[Op]) -> None:
     assert not any(produced_in_w & set(op.inputs + op.outputs + op.allocs) for op in split.input_part)
     # Exactly the same tensors are freed, each once.
     assert sorted(t for op in new for t in op.frees) == sorted(t for op in ops for t in op.frees)
-    # A tensor no W op touches is freed by the op that freed it, or, when that op went to W, by the I op before.
     touched_by_w = {t for op in split.weight_part for t in op.inputs + op.outputs + op.allocs}
+    if retained is not None and split.weight_part:
+        # What I keeps for W (torch's retained graph) is freed by the last op of W, unless W frees it itself.
+        kept = {t for k in inputs for t in ops[k].frees if retained(t)}
+        assert kept <= set(split.weight_part[-1].frees) | {t for op in split.weight_part for t in op.frees}
+        assert {t for t in kept if t not in touched_by_w} <= set(split.weight_part[-1].frees)
+        touched_by_w |= kept
+    # A tensor no W op touches is freed by the op that freed it, or, when that op went to W, by the I op before.
     freed_by = {t: op.name for op in new for t in op.frees}
     for k, op in enumerate(ops):
         for t in set(op.frees) - touched_by_w:
@@ -77,10 +83,10 @@ def backwards(draw) -> list[Op]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(backwards())
-def test_any_backward_splits_into_a_valid_program_with_frees_at_last_use(ops):
+@given(backwards(), st.sampled_from([None, 2, 3]))
+def test_any_backward_splits_into_a_valid_program_with_frees_at_last_use(ops, modulus):
     _replay_is_valid(tuple(ops))
-    _check_split(ops)
+    _check_split(ops, None if modulus is None else (lambda t: t % modulus == 0))
 
 
 def test_a_backward_without_weight_gradients_is_all_input():
@@ -109,6 +115,18 @@ def test_a_release_by_a_deferred_op_of_what_only_i_used_stays_in_i():
            Op("fc.wgrad", "gemm", BACKWARD_WEIGHT, inputs=(0, 1), outputs=(7,), allocs=(7,), frees=(0, 1, 6))]
     split = split_backward(ops)
     assert split.input_part[0].frees == (6,) and split.weight_part[0].frees == (0, 1)
+
+
+def test_a_retained_graph_keeps_what_only_i_read_until_the_end_of_w():
+    # torch.distributed.pipelining: I keeps every saved activation (here 2, read by act.bwd only) until W is done.
+    ops = [Op("fc.dgrad", "gemm", BACKWARD_INPUT, inputs=(0, 1), outputs=(6,), allocs=(6,)),
+           Op("act.bwd", "elementwise", BACKWARD_INPUT, inputs=(6, 2), outputs=(8,), allocs=(8,), frees=(6, 2)),
+           Op("fc.wgrad", "gemm", BACKWARD_WEIGHT, inputs=(0, 1), outputs=(7,), allocs=(7,), frees=(0, 1)),
+           Op("fc.accumulate_grad", "elementwise", BACKWARD_INPUT, frees=(7,))]
+    store, graph = split_backward(ops), split_backward(ops, lambda t: t == 2)
+    assert [op.frees for op in store.input_part] == [(), (6, 2)]
+    assert [op.frees for op in graph.input_part] == [(), (6,)]
+    assert [op.frees for op in graph.weight_part] == [(0, 1), (7, 2)]
 
 
 @pytest.fixture(scope="module")

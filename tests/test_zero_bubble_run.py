@@ -77,6 +77,17 @@ def test_zb_h2_holds_about_2p_minus_1_over_p_of_the_1f1b_activations(reports):
     assert h2[0] / base[0] == pytest.approx((2 * P - 1) / P, rel=0.03)      # measured 1.738 vs 1.75
 
 
+def test_torch_pipelining_keeps_each_held_back_w_s_whole_graph():
+    # torch's I retains the autograd graph until W (validation/zero_bubble.py measures it): rank r's r held-back
+    # W passes then cost as much as full micro-batches, and every rank holds about p of them, like 1F1B's rank 0.
+    doc = _scenario_doc("zb-h1")
+    doc["training"]["framework"] = "torch"
+    torch_h1 = _activations(simulate(scenario_from_dict(doc), timelines=False).report)
+    megatron_h1 = _activations(simulate(scenario_from_dict(_scenario_doc("zb-h1")), timelines=False).report)
+    assert all(a >= 0.99 * torch_h1[0] for a in torch_h1)
+    assert megatron_h1[-1] < 0.7 * megatron_h1[0]
+
+
 def _collapsed(kinds) -> list[str]:
     return [k for j, k in enumerate(kinds) if j == 0 or kinds[j - 1] != k]
 

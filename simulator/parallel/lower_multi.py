@@ -5,7 +5,8 @@ Conventions (what is modelled and how):
   B = its backward ops. A stage chunk whose schedule splits backwards has them split into I (input
   gradients, with the send to the previous stage) and W (weight gradients) by
   workload/weight_split.py, which also places every free at the tensor's last use in that order; B of
-  such a chunk runs I then W. The micro-batch's inputs are freed after I, or after W when W reads them.
+  such a chunk runs I then W. The micro-batch's inputs are freed after I, or after W when W reads them
+  (always after W under torch's retained graph: weight_split.RETAIN_GRAPH).
 * Pipeline messages: after F the stage output is sent to the next stage, after B the input gradient
   to the previous one (SEND_STREAM, one stream per peer and kind so that sends to different peers do
   not queue behind each other); a Recv (RECV_STREAM) is posted right before the action that needs it
@@ -43,6 +44,7 @@ from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
 from simulator.workload.training import IterationWorkload, Recipe
 from simulator.workload.transformer import Shape
+from simulator.workload.weight_split import RETAIN_GRAPH
 
 new_run = tuple.__new__       # Run(...) without the named tuple's Python-level __new__ (millions at scale)
 DP_STREAM = f"{COMM_STREAM}.dp"      # data-parallel reductions of pipeline stages (module docstring)
@@ -369,7 +371,8 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
         streams.microbatch(weight, it, mb.shift, mb.low)      # nothing unless the chunk's backwards are split
     done = mb.inputs + ((mb.stage_input,) if mb.stage_input is not None else ())
     if action.kind != "B":
-        late = _weight_touched(mb)            # what W still reads is freed after W, the rest after I
+        # What W still reads (everything, where I keeps the autograd graph) is freed after W, the rest after I.
+        late = set(done) if workload.meta.get("weight_split") == RETAIN_GRAPH else _weight_touched(mb)
         done = tuple(t for t in done if (t in late) == (action.kind == "W"))
     if done:
         streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))

@@ -25,13 +25,14 @@ from simulator.errors import PlanError
 from simulator.workload.data_parallel import (
     DataParallelSetup, LandingPolicy, ParamInfo, prepare_sync, reduce_gradients, sharded_step,
 )
-from simulator.workload.graph import ACTIVATIONS, DTYPE_BYTES, GRADIENTS, OTHER, Op, Tensor, moved_ids
+from simulator.workload.graph import (ACTIVATIONS, BACKWARD_WEIGHT, DTYPE_BYTES, GRADIENTS, OTHER, Op, Tensor,
+                                      moved_ids)
 from simulator.workload.optimizers import IdSource
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
 from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, dtypes_for, model_states, workspace_first_use
 from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
-from simulator.workload.weight_split import split_backward
+from simulator.workload.weight_split import RETAIN_GRAPH, WEIGHT_STORE, split_backward
 
 SEED_OP = "loss.backward_seed"
 
@@ -153,6 +154,27 @@ class _Template:
             grad_output=None if mb.grad_output is None else moved(mb.grad_output),
             output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes,
             copy_of=mb.copy_of if mb.copy_of >= 0 else self.index, shift=shift, low=low, index=index)
+
+
+def _retained(recipe: Recipe, tensors: dict[int, Tensor], backward: tuple[Op, ...], landings):
+    """What a zero-bubble I keeps until W besides what W reads, or None.
+
+    Megatron's zero-bubble implementation (Qi et al.) stores only the deferred weight gradients' inputs
+    (workload/weight_split.py). torch.distributed.pipelining runs I with the autograd graph retained: every
+    saved activation stays, and so does the gradient arriving at every node that computes a weight gradient
+    (captured by its hooks for W), here the incoming gradient of the I kernels where a parameter's gradient
+    lands (norms compute theirs with their input gradient; `landings`: indices into `backward`).
+    """
+    if recipe.framework != "torch":
+        return None
+    captured = set()
+    for k in landings:
+        if backward[k].name.endswith(".accumulate_grad") and k > 0:
+            k -= 1                                   # the kernel whose gradient it hands to .grad
+        kernel = backward[k]
+        if kernel.phase != BACKWARD_WEIGHT and kernel.inputs:
+            captured.add(kernel.inputs[0])           # a backward kernel reads its incoming gradient first
+    return lambda tid: tid in captured or tensors[tid].category == ACTIVATIONS
 
 
 def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], int]:
@@ -289,7 +311,7 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         landing = {pid: max(0, k - offset) for pid, k in policy.landing.items()}
         weight: tuple[Op, ...] = ()
         if split_weight:
-            split = split_backward(backward)
+            split = split_backward(backward, _retained(recipe, tensors, backward, landing.values()))
             backward, weight = split.input_part, split.weight_part
             landing = {pid: split.position(k) for pid, k in landing.items()}
         landings.append(_Landings(landing, list(policy.order), dict(policy.grad_id)))
@@ -319,6 +341,8 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         t = tensors[gid]
         tensors[gid] = Tensor(t.id, t.name, t.nbytes, GRADIENTS, t.dtype, t.shape)
     meta: dict[str, object] = {"dtypes": dts, "tp": recipe.tp, "layers": (spec.start, spec.stop)}
+    if split_weight:
+        meta["weight_split"] = RETAIN_GRAPH if recipe.framework == "torch" else WEIGHT_STORE
     if shape.tied and spec.first != spec.last and shape.architecture != "vit":
         # Megatron: the first stage's word embedding and the last stage's copy of it (the head) have
         # their gradients summed over the embedding group before the step (V/tp x h elements).

@@ -13,16 +13,22 @@ weight-gradient store of zero-bubble implementations) keep it:
   needs none) is freed where autograd releases it without the W op: after the nearest I op before it;
 * every other free stays where it was.
 
-Memory totals are therefore exact for the reordered program, and the input part alone is never later
-than the whole backward at releasing what only it uses.
+That is what Megatron's zero-bubble implementation does (Qi et al.: each deferred wgrad's input and output
+gradient wait in a WeightGradStore): WEIGHT_STORE. torch.distributed.pipelining instead runs I as
+`autograd.grad(..., retain_graph=True)`, which keeps the whole graph, so every saved activation stays until
+W is done (`stage_backward_input` / `stage_backward_weight`, measured: validation/zero_bubble.py):
+RETAIN_GRAPH, where `split_backward(ops, retained)` frees those tensors with the last op of W.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from simulator.workload.graph import BACKWARD_WEIGHT, Op
+
+WEIGHT_STORE = "weight_store"        # I releases what W does not read (Megatron's zero-bubble implementation)
+RETAIN_GRAPH = "retain_graph"        # I keeps every saved activation until W (torch.distributed.pipelining)
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,14 @@ def weight_ops(ops: Sequence[Op]) -> list[bool]:
     return deferred
 
 
-def split_backward(ops: Sequence[Op]) -> WeightSplit:
-    """Split `ops` (one micro-batch's backward) into I and W with the frees re-placed (module docstring)."""
+def split_backward(ops: Sequence[Op], retained: Callable[[int], bool] | None = None) -> WeightSplit:
+    """Split `ops` (one micro-batch's backward) into I and W with the frees re-placed (module docstring).
+
+    `retained(tensor id)`: tensors that I keeps whatever W reads (torch's retained autograd graph: the
+    saved activations), freed by the last op of W instead; None: none.
+    """
     deferred = weight_ops(ops)
+    last_weight = max((k for k, weight in enumerate(deferred) if weight), default=None)
     touched_by_weight: dict[int, int] = {}       # tensor -> original index of the last W op touching it
     for k, op in enumerate(ops):
         if deferred[k]:
@@ -75,6 +86,8 @@ def split_backward(ops: Sequence[Op]) -> WeightSplit:
         for t in op.frees:
             last = touched_by_weight.get(t)
             if not deferred[k]:
+                if retained is not None and last_weight is not None and retained(t):
+                    last = max(last if last is not None else -1, last_weight)
                 if last is not None:
                     moved.setdefault(last, []).append(t)      # all of W runs after all of I
                 else:
