@@ -84,7 +84,7 @@ def test_torch_pipelining_keeps_each_held_back_w_s_whole_graph():
     doc["training"]["framework"] = "torch"
     torch_h1 = _activations(simulate(scenario_from_dict(doc), timelines=False).report)
     megatron_h1 = _activations(simulate(scenario_from_dict(_scenario_doc("zb-h1")), timelines=False).report)
-    assert all(a >= 0.99 * torch_h1[0] for a in torch_h1)
+    assert all(a >= 0.98 * torch_h1[0] for a in torch_h1)     # less only by the outputs kept: p - r on rank r
     assert megatron_h1[-1] < 0.7 * megatron_h1[0]
 
 

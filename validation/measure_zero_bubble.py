@@ -9,8 +9,8 @@ x (micro_batch, seq, hidden) fp32 requiring grad and the output gradient dy are 
 forward (under autocast for bf16-mixed), then `stage_backward_input([y], [dy], [x], params)` (I) and
 `stage_backward_weight(params, param_groups)` (W), as torch's zero-bubble schedules call them. Writes the
 live bytes after the forward, the peak during I, the live bytes between I and W, the peak during W and
-the live bytes after W (all categories; x, dy and the stage output y, which the pipelining runtime keeps
-until I, are counted), with the breakdown between I and W.
+the live bytes after W (all categories; x, dy and the stage output y count; y and dy are dropped after I
+as the pipelining runtime drops them), with the breakdown between I and W.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def _micro_batch(stage, spec, training, tracker: MemoryTracker | None) -> int | 
     if tracker is not None:
         tracker.set_phase("backward")
     _, groups = stage_backward_input([y], [dy], [x], stage.parameters())
+    del y, dy                       # the runtime drops its fwd_cache entry and the received gradient after I
     boundary = len(tracker._events) if tracker is not None else None
     stage_backward_weight(stage.parameters(), groups)
     return boundary

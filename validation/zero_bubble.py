@@ -4,9 +4,8 @@ Usage: ``python -m validation.zero_bubble`` prints, per configuration, the measu
 (validation/data/cpu/zero_bubble.json, from ``python -m validation.measure_zero_bubble``) and memsim's:
 after the forward, peak during I, between I and W, peak during W, after W. memsim walks the stage's ops
 (workload/stage.py with `split_weight`, framework torch: the retained autograd graph) from the same
-starting point: parameters, the stage input and the output gradient. The measured side also holds the
-stage output y until I (the pipelining runtime keeps it for `stage_backward_input`; memsim, like
-Megatron, releases it once sent), which the comparison adds to memsim's levels up to the end of I.
+starting point: parameters, the stage input and the output gradient; the stage output stays until the end
+of I on both sides (the pipelining runtime keeps it for `stage_backward_input`: MicrobatchStage.output).
 """
 
 from __future__ import annotations
@@ -56,23 +55,24 @@ def predict(name: str, config: dict, framework: str = "torch") -> Levels:
                            StageSpec(0, model["num_layers"], False, False), 1, 0, (activation, "fp32"),
                            split_weight=True)
     microbatch, tensors = workload.microbatches[0], workload.tensors
-    output_bytes = microbatch.output_bytes        # kept by the measured runtime until I (module docstring)
     live = sum(tensors[t].nbytes for t in workload.persistent + (microbatch.stage_input, microbatch.grad_output))
 
-    def walk(ops: Sequence[Op], extra: int) -> int:
+    def walk(ops: Sequence[Op]) -> int:
         nonlocal live
-        peak = live + extra
+        peak = live
         for op in ops:
             live += sum(tensors[t].nbytes for t in op.allocs)
-            peak = max(peak, live + extra)
+            peak = max(peak, live)
             live -= sum(tensors[t].nbytes for t in op.frees)
         return peak
 
-    walk(microbatch.forward, output_bytes)
-    forward_end = live + output_bytes
-    input_peak = walk(microbatch.backward, output_bytes)
+    walk(microbatch.forward)
+    forward_end = live
+    input_peak = walk(microbatch.backward)
+    if microbatch.output is not None:
+        live -= tensors[microbatch.output].nbytes          # released after I (lower_multi)
     boundary = live
-    weight_peak = walk(microbatch.weight, 0)
+    weight_peak = walk(microbatch.weight)
     return Levels(forward_end, input_peak, boundary, weight_peak, live)
 
 

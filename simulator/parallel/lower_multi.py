@@ -6,7 +6,8 @@ Conventions (what is modelled and how):
   gradients, with the send to the previous stage) and W (weight gradients) by
   workload/weight_split.py, which also places every free at the tensor's last use in that order; B of
   such a chunk runs I then W. The micro-batch's inputs are freed after I, or after W when W reads them
-  (always after W under torch's retained graph: weight_split.RETAIN_GRAPH).
+  (always after W under torch's retained graph: weight_split.RETAIN_GRAPH). A stage output the runtime
+  keeps (MicrobatchStage.output: torch, DeepSpeed) is freed after B or I.
 * Pipeline messages: after F the stage output is sent to the next stage, after B the input gradient
   to the previous one (SEND_STREAM, one stream per peer and kind so that sends to different peers do
   not queue behind each other); a Recv (RECV_STREAM) is posted right before the action that needs it
@@ -374,6 +375,8 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
         # What W still reads (everything, where I keeps the autograd graph) is freed after W, the rest after I.
         late = set(done) if workload.meta.get("weight_split") == RETAIN_GRAPH else _weight_touched(mb)
         done = tuple(t for t in done if (t in late) == (action.kind == "W"))
+    if mb.output is not None and action.kind != "W":
+        done = (mb.output,) + done            # the stage output the runtime kept for this backward
     if done:
         streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))
 
@@ -472,6 +475,7 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
                                  inputs=ids(mb.inputs),
                                  stage_input=None if mb.stage_input is None else mb.stage_input + offset,
                                  grad_output=None if mb.grad_output is None else mb.grad_output + offset,
+                                 output=None if mb.output is None else mb.output + offset,
                                  low=mb.low + offset if mb.shift else 0)
                          for mb in workload.microbatches)
     return replace(workload, tensors=tensors, persistent=ids(workload.persistent),

@@ -35,6 +35,7 @@ from simulator.workload.transformer import Checkpointing, Shape, TransformerBuil
 from simulator.workload.weight_split import RETAIN_GRAPH, WEIGHT_STORE, split_backward
 
 SEED_OP = "loss.backward_seed"
+KEEPS_OUTPUT = ("torch", "deepspeed")      # frameworks whose pipeline runtime keeps a stage output until backward
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class MicrobatchStage:
         grad_output: the gradient of the stage output received from the next stage (None on the last).
         output_bytes: bytes of the stage output (sent forward; 0 on the last stage).
         input_grad_bytes: bytes of the gradient of `stage_input` (sent backward; 0 on the first stage).
+        output: the stage output when the runtime keeps it until the micro-batch's backward (B or I) —
+            torch.distributed.pipelining's fwd_cache, DeepSpeed's pipe_buffers —, else None: Megatron-LM
+            frees it once sent (`deallocate_pipeline_outputs`, which its training scripts set), as the
+            replayed forward does.
         shift, low: how the ids of `forward` / `backward` map to this micro-batch's (0, 0: as they are).
         index: the micro-batch's index (its ops' `microbatch` once resolved).
     """
@@ -78,6 +83,7 @@ class MicrobatchStage:
     output_bytes: int
     input_grad_bytes: int
     weight: tuple[Op, ...] = ()
+    output: int | None = None
     # The recorded micro-batch whose ops a copy shares (-1: recorded, or given its own ops after copying).
     copy_of: int = field(default=-1, compare=False)
     shift: int = 0
@@ -152,7 +158,7 @@ class _Template:
             forward=mb.forward, backward=mb.backward, weight=mb.weight, inputs=tuple([moved(v) for v in mb.inputs]),
             stage_input=None if mb.stage_input is None else moved(mb.stage_input),
             grad_output=None if mb.grad_output is None else moved(mb.grad_output),
-            output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes,
+            output=None if mb.output is None else moved(mb.output), output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes,
             copy_of=mb.copy_of if mb.copy_of >= 0 else self.index, shift=shift, low=low, index=index)
 
 
@@ -175,6 +181,16 @@ def _retained(recipe: Recipe, tensors: dict[int, Tensor], backward: tuple[Op, ..
         if kernel.phase != BACKWARD_WEIGHT and kernel.inputs:
             captured.add(kernel.inputs[0])           # a backward kernel reads its incoming gradient first
     return lambda tid: tid in captured or tensors[tid].category == ACTIVATIONS
+
+
+def _keep_output(forward: tuple[Op, ...], nbytes: int) -> tuple[tuple[Op, ...], int]:
+    """The forward without the release of the stage output (its last op's output, `nbytes`), and its id."""
+    last = forward[-1] if forward else None
+    output = last.outputs[0] if last is not None and last.outputs else None
+    if output is None or output not in last.frees:
+        raise PlanError(f"stage workload: the forward's last op {last.name if last else None!r} does not release "
+                        f"the stage output ({nbytes} bytes) as the replayed forward of a stage does")
+    return forward[:-1] + (replace(last, frees=tuple(t for t in last.frees if t != output)),), output
 
 
 def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], int]:
@@ -307,6 +323,9 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             tensors[received.id] = Tensor(received.id, "stage_input", received.nbytes, ACTIVATIONS,
                                           received.dtype, received.shape)
         forward, backward, seed = _split(replayed, keep_seed=spec.last)
+        output = None
+        if not spec.last and recipe.framework in KEEPS_OUTPUT:
+            forward, output = _keep_output(forward, loss.nbytes)
         offset = len(forward) + (0 if spec.last else 1)
         landing = {pid: max(0, k - offset) for pid, k in policy.landing.items()}
         weight: tuple[Op, ...] = ()
@@ -318,7 +337,7 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         results.append(MicrobatchStage(
             forward=forward, backward=backward, weight=weight, inputs=tuple(ref.id for ref in declared),
             stage_input=None if received is None else received.id,
-            grad_output=None if spec.last else seed,
+            grad_output=None if spec.last else seed, output=output,
             output_bytes=0 if spec.last else loss.nbytes,
             input_grad_bytes=0 if received is None else received.nbytes, index=j))
         end = max(max(tensors) + 1, tape.next_tensor_id)
