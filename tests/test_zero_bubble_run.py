@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from typer.testing import CliRunner
 
 from simulator.api import simulate
@@ -13,6 +14,7 @@ from simulator.parallel import lower_multi
 from simulator.parallel.program import Run
 from simulator.parallel.schedule_check import execute_uniform, load_schedule
 from simulator.scenario import scenario_from_dict
+from simulator.testing import check_memory_never_negative
 from simulator.workload.graph import BACKWARD_WEIGHT
 from tests.test_stage_copies import _doc, _setup
 
@@ -127,3 +129,20 @@ def test_a_custom_schedule_with_weights_out_of_order_runs_from_the_command_line(
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["iteration_time_s"] > 0 and all(r["peak_allocated_bytes"] > 0 for r in report["ranks"])
+
+
+@settings(max_examples=10, deadline=None)
+@given(framework=st.sampled_from(["torch", "megatron", "deepspeed"]),
+       recompute=st.sampled_from(["none", "selective", "full"]), dp=st.sampled_from([1, 2]),
+       schedule=st.sampled_from(["zb-h1", "zb-h2"]), microbatches=st.integers(1, 6))
+def test_a_split_iteration_ends_with_the_memory_of_1f1b(framework, recompute, dp, schedule, microbatches):
+    # Whatever I keeps for W is released by the iteration's end: the state left (parameters, gradients,
+    # optimizer states, buffers) is 1F1B's to the byte, and no sample goes negative on the way.
+    ends = []
+    for name in ("1f1b", schedule):
+        doc = _scenario_doc(name, microbatches=microbatches, pp=4 // dp, dp=dp)
+        doc["training"].update(framework=framework, recompute=recompute)
+        trace = simulate(scenario_from_dict(doc)).trace
+        check_memory_never_negative(trace)
+        ends.append([(rank.memory[-1].allocated, rank.memory[-1].by_category) for rank in trace.ranks])
+    assert ends[0] == ends[1]
