@@ -12,7 +12,7 @@ from simulator.api import kernel_profile, model_shape, multi_recipe, simulate
 from simulator.errors import PlanError
 from simulator.parallel.lower_multi import DP_STREAM, lower_multi
 from simulator.parallel.plan import make_plan
-from simulator.parallel.program import Collective, Run, Signal
+from simulator.parallel.program import Collective, Run, Signal, posted_collectives
 from simulator.parallel.schedule_check import load_schedule
 from simulator.scenario import scenario_from_dict
 from simulator.topology import resolve_cluster
@@ -148,7 +148,7 @@ def test_bucket_reductions_run_inside_the_last_microbatch_backward(schedule, fra
             # and all but the last bucket before that backward ends (overlap)
             assert max(earlier) < min(signals) and min(last_rows) < min(signals)
             assert sum(1 for k in signals if k < max(last_rows)) >= len(signals) - 1
-        collectives = [ins for ins in program.streams[DP_STREAM] if isinstance(ins, Collective)]
+        collectives = posted_collectives(program.streams, DP_STREAM)
         assert all(c.group == plan.group_of(program.rank, "dp") for c in collectives)
         reductions = [c for c in collectives if c.name.startswith("dp.bucket")]
         kind = "reduce_scatter" if framework == "megatron" else "all_reduce"

@@ -10,10 +10,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import simulator.api as api
 import simulator.engine.executor as executor
+import simulator.parallel.lower_multi as lower_multi
 from simulator.engine.caching_allocator import CachingAllocator
 from simulator.engine.executor import EngineOptions, simulate_programs
+from simulator.errors import PlanError
 from simulator.network import load_topology
-from simulator.parallel.program import Collective, Free, Program, Run, Signal, WaitFor
+from simulator.parallel.program import Blocking, Collective, Free, Program, Run, Signal, WaitFor
 from simulator.scenario import scenario_from_dict
 from simulator.workload.graph import ACTIVATIONS, COMMUNICATION_BUFFERS, Op, Tensor
 
@@ -51,19 +53,47 @@ def test_inline_collectives_change_nothing(monkeypatch, nodes, parallel, inlines
     # stream running isolated TP collectives itself equals the one where each goes through its comm stream.
     doc = _doc(nodes, **parallel)
     inlined = []
-    real_inline = executor._inline
 
-    def spy(*args):
-        end = real_inline(*args)
-        inlined.append(end is not None)
-        return end
+    def spy(real):
+        def run(*args):
+            end = real(*args)
+            inlined.append(end is not None)
+            return end
+        return run
 
-    monkeypatch.setattr(executor, "_inline", spy)
+    monkeypatch.setattr(executor, "_inline", spy(executor._inline))
+    monkeypatch.setattr(executor, "_inline_blocking", spy(executor._inline_blocking))
     fast = _everything(api.simulate(scenario_from_dict(doc)))
     assert any(inlined) == inlines
     monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(inline_collectives=False))
     slow = _everything(api.simulate(scenario_from_dict(doc)))
     assert fast == slow
+
+
+@pytest.mark.parametrize("nodes, parallel", [
+    (1, {"tp": 2, "pp": 2, "dp": 2}),                                   # TP shares links: not inlined
+    (4, {"tp": 8, "pp": 2, "dp": 2, "sequence_parallel": True}),         # inlined
+    (1, {"tp": 2, "dp": 4, "zero_stage": 3}),                            # pp = 1: TP, ZeRO gathers and DP share a stream
+    (2, {"tp": 8, "pp": 2, "dp": 1, "schedule": "interleaved-1f1b", "virtual_stages": 2}),
+])
+def test_blocking_instructions_equal_their_signal_wait_form(monkeypatch, nodes, parallel):
+    # The lowering writes a collective waited for at once as one Blocking instruction; written as Signal /
+    # WaitFor around a Collective on its stream, everything comes out the same.
+    doc = _doc(nodes, **parallel)
+    if parallel.get("zero_stage", 0) > 1:
+        doc["training"]["framework"] = "deepspeed"
+    fused = _everything(api.simulate(scenario_from_dict(doc)))
+    monkeypatch.setattr(lower_multi._Streams, "fuse_blocking", False)
+    assert _everything(api.simulate(scenario_from_dict(doc))) == fused
+
+
+def test_a_blocking_collective_on_a_stream_the_program_lacks_is_a_plan_error():
+    collective = Collective("tp0", "all_reduce", tuple(range(8)), 1024.0)
+    program = Program(0, "gpu", 0, {}, {"compute": (Blocking(collective, "comm"),)})
+    with pytest.raises(PlanError, match=r"rank 0: Blocking collective 'tp0' on stream 'comm', which its program "
+                                        r"does not have \(streams: compute\)"):
+        simulate_programs([program], [CachingAllocator(CAPACITY)], [CAPACITY], EngineOptions(),
+                          load_topology("dgx-a100"))
 
 
 _steps = st.lists(st.tuples(st.sampled_from(["run", "tp", "side"]), st.sampled_from([0.0, 1e-6, 3e-6, 1e-3]),
@@ -73,13 +103,29 @@ _steps = st.lists(st.tuples(st.sampled_from(["run", "tp", "side"]), st.sampled_f
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=_steps, side_first=st.booleans())
 def test_inline_keeps_order_against_other_streams(steps, side_first):
-    # A compute stream with blocking collectives (Signal -> comm stream Collective -> WaitFor) among compute
-    # ops, and a side stream that allocates when signalled: every memory event, span and interval is the
-    # same whether or not the compute stream runs the collectives itself.
+    # A compute stream with blocking collectives (Signal -> comm stream Collective -> WaitFor, or one Blocking
+    # instruction) among compute ops, and a side stream that allocates when signalled: every memory event, span
+    # and interval is the same whether or not the compute stream runs the collectives itself, and the same
+    # with either way of writing them.
     topology = load_topology("dgx-a100")
     group = tuple(range(8))
     tensors = {k: Tensor(k, f"t{k}", 512 * (1 + k % 5), ACTIVATIONS) for k in range(96)}
     tensors.update({k: Tensor(k, f"c{k}", 2048, COMMUNICATION_BUFFERS) for k in range(96, 128)})
+    results = []
+    for fused in (False, True):
+        streams = _order_program(steps, side_first, fused, group)
+        for inline in (True, False):
+            programs = [Program(0, "gpu", 0, tensors, streams)]
+            allocator = CachingAllocator(CAPACITY, record_events=True)
+            trace = simulate_programs(programs, [allocator], [CAPACITY], EngineOptions(inline_collectives=inline),
+                                      topology)
+            rank = trace.ranks[0]
+            results.append((rank.memory, rank.spans, rank.allocator_events, trace.communication, trace.end_time_s))
+    assert all(result == results[0] for result in results)
+
+
+def _order_program(steps, side_first: bool, fused: bool, group: tuple[int, ...]) -> dict:
+    """The streams of test_inline_keeps_order_against_other_streams; `fused`: TP collectives as Blocking."""
     compute, comm, side = [], [], []
     held = []
     for k, (what, seconds, hold) in enumerate(steps):
@@ -87,9 +133,13 @@ def test_inline_keeps_order_against_other_streams(steps, side_first):
             compute.append(Run(Op(f"op{k}", "gemm", "fwd", allocs=(k,), frees=() if hold else (k,)), seconds))
             held += [k] if hold else []
         elif what == "tp":
-            comm += [WaitFor(f"r{k}"), Collective(f"tp{k}", "all_reduce", group, float(2**20 * (1 + k % 3)),
-                                                  (96 + k,), () if hold else (96 + k,), 0), Signal(f"d{k}")]
-            compute += [Signal(f"r{k}"), WaitFor(f"d{k}")]
+            collective = Collective(f"tp{k}", "all_reduce", group, float(2**20 * (1 + k % 3)), (96 + k,),
+                                    () if hold else (96 + k,), 0)
+            if fused:
+                compute.append(Blocking(collective, "comm"))
+            else:
+                comm += [WaitFor(f"r{k}"), collective, Signal(f"d{k}")]
+                compute += [Signal(f"r{k}"), WaitFor(f"d{k}")]
             held += [96 + k] if hold else []
         else:
             side += [WaitFor(f"s{k}"), Run(Op(f"side{k}", "gemm", "fwd", allocs=(48 + k,), frees=(48 + k,)),
@@ -99,15 +149,7 @@ def test_inline_keeps_order_against_other_streams(steps, side_first):
     streams = {"compute": tuple(compute), "comm": tuple(comm), "side": tuple(side)}
     if side_first:
         streams = {"side": streams["side"], "comm": streams["comm"], "compute": streams["compute"]}
-    results = []
-    for inline in (True, False):
-        programs = [Program(0, "gpu", 0, tensors, streams)]
-        allocator = CachingAllocator(CAPACITY, record_events=True)
-        trace = simulate_programs(programs, [allocator], [CAPACITY], EngineOptions(inline_collectives=inline),
-                                  topology)
-        rank = trace.ranks[0]
-        results.append((rank.memory, rank.spans, rank.allocator_events, trace.communication, trace.end_time_s))
-    assert results[0] == results[1]
+    return streams
 
 
 @pytest.mark.parametrize("schedule_name", ["1f1b", "zb-h1"])

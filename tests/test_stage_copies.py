@@ -11,7 +11,7 @@ import simulator.api as api
 import simulator.parallel.lower_multi as lower_multi
 from simulator.parallel.lower_multi import _Streams, _timed_microbatches, build_stage_workloads
 from simulator.parallel.plan import make_plan
-from simulator.parallel.program import Collective, Period, Run
+from simulator.parallel.program import Collective, Period, Run, posted_collectives
 from simulator.parallel.schedule_check import load_schedule
 from simulator.scenario import scenario_from_dict
 from simulator.workload.graph import Op
@@ -48,10 +48,10 @@ def _eager_copy(ops: tuple[Op, ...], shift: int, low: int, index: int) -> list[O
 
 
 def _lowered(streams: _Streams) -> tuple[list[tuple], list[tuple]]:
-    """(op name, allocs, frees) of the compute stream's Runs and of the Collectives on the other streams."""
+    """(op name, allocs, frees) of the compute stream's Runs and of the collectives posted on the other streams."""
     runs = [(ins.op.name, ins.allocs(), ins.frees()) for ins in streams.compute if isinstance(ins, Run)]
-    posts = [(ins.name, ins.allocs, ins.frees) for stream in streams.other.values() for ins in stream
-             if isinstance(ins, Collective)]
+    posts = [(c.name, c.allocs, c.frees) for name in streams.other
+             for c in posted_collectives({**streams.other, "compute": streams.compute}, name)]
     return runs, posts
 
 

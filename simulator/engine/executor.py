@@ -18,9 +18,9 @@ from simulator.engine.allocator import Allocator
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns, comm_span_info
-from simulator.errors import DeadlockError, TopologyError
-from simulator.parallel.program import (Alloc, Collective, Free, Mark, Period, Program, Recv, Run, Send,
-                                        Signal, WaitFor)
+from simulator.errors import DeadlockError, PlanError, TopologyError
+from simulator.parallel.program import (Alloc, Blocking, Collective, Free, Mark, Period, Program, Recv, Run,
+                                        Send, Signal, WaitFor)
 from simulator.trace.records import Trace
 from simulator.workload.graph import CATEGORIES
 
@@ -197,6 +197,9 @@ def _blocked(state: RankState, stream: str) -> BlockedInstruction:
         index, instruction, why = cursor, state.program.streams[stream][cursor], None
     if isinstance(instruction, WaitFor):
         text, reason = f"WaitFor({instruction.event!r})", f"waiting for {instruction.event}"
+    elif isinstance(instruction, Blocking):
+        text = f"Blocking(Collective({instruction.collective.name!r}) on {instruction.stream})"
+        reason = why.reason or "in progress"
     else:
         text = f"{type(instruction).__name__}({instruction.name!r})"
         reason = why.reason or "in progress"
@@ -231,6 +234,10 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             quiet = state.quiet()
         return quiet
 
+    state.started.add(stream)
+    handoff = state.handoffs.pop(stream, None)
+    if handoff is not None:      # a Blocking collective the compute stream reached before this stream started
+        yield from _post_blocking(env, state, world, *handoff, record_spans)
     waiters = state.waiters
     now = env.now
     own = options.run_ahead    # the last resume woke this stream alone: nothing else runs before peek()
@@ -269,22 +276,54 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             memory.allocate(instruction.tensors, stream, now, instruction.reason)
         elif kind is Free:
             memory.free(instruction.tensors, now, instruction.reason)
-        elif kind is Signal:
-            plan = inline_plans.get(instruction.event)
-            if plan is not None and own and (now < peek() or may_go_on()):
+        elif kind is Signal or kind is Blocking:
+            # A blocking collective runs inline: a Blocking one, or the Collective after a Signal with a plan.
+            if kind is Blocking:
+                collective, name = instruction
+                _check_stream(state, collective, name)
+                plan, inline = None, state.inline_collectives
+            else:
+                plan = inline_plans.get(instruction.event)
+                inline = plan is not None
+            if inline and own and (now < peek() or may_go_on()):
                 start = now
-                end = _inline(state, world, plan, instruction.event, now)
+                end = _inline_blocking(state, world, collective, name, now) if plan is None \
+                    else _inline(state, world, plan, instruction.event, now)
                 if end is not None:
-                    index += 1            # the WaitFor(done) that follows: done at `end`
+                    if plan is not None:
+                        index += 1            # the WaitFor(done) that follows: done at `end`
                     if end > now:
                         now = end
                         if (not own or now >= peek()) and not may_go_on():
                             yield env.at(now)
                             own = ahead
                             quiet = None
-                    _finish_inline(state, plan, start, now, record_spans)
+                    if plan is None:
+                        _record_inline(state, name, collective, start, now, record_spans)
+                    else:
+                        _finish_inline(state, plan, start, now, record_spans)
                     continue
             quiet = None          # a stream it wakes may have work
+            if kind is Blocking:
+                # Signal(ready) -> `name` posts it and at its end signals done -> compute: the same simpy steps.
+                # An idle stream waits at a WaitFor, so it would wake at an event triggered now: the compute
+                # stream goes on there in its place; one not started yet does it at its first step (handoff).
+                waited_from = now
+                resume = env.event()
+                state.blocked[stream] = (index - 1, instruction, None)
+                if name in state.started:
+                    yield env.at(now)
+                    yield from _post_blocking(env, state, world, instruction, index - 1, resume, record_spans)
+                else:
+                    state.handoffs[name] = (instruction, index - 1, resume)
+                yield resume
+                now = max(now, env.now)
+                own = ahead
+                quiet = None
+                state.blocked.pop(stream, None)
+                if now > waited_from:
+                    _expose(state, name, waited_from, now)
+                continue
             target = state.wait_stream.get(instruction.event)
             if target is not None and target in state.parked:
                 state.release(target, now)
@@ -410,6 +449,18 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
             if end > now:
                 now = end
             _finish_inline(state, plan, start, now, record_spans)
+        elif kind is Blocking:
+            if not state.inline_collectives:
+                break
+            collective, name = instruction
+            end = _inline_blocking(state, world, collective, name, now)
+            if end is None:
+                break
+            index += 1
+            start = now
+            if end > now:
+                now = end
+            _record_inline(state, name, collective, start, now, record_spans)
         else:
             break
     if watched is not None:
@@ -450,7 +501,62 @@ def _finish_inline(state: RankState, plan: tuple[str, int], start_s: float, end_
     """At the inlined collective's end, in the normal path's order: its stream's intervals, span and frees,
     then the compute stream's exposure; a stream with nothing left is woken to finish."""
     name, k = plan
-    collective = state.program.streams[name][k + 1]
+    _record_inline(state, name, state.program.streams[name][k + 1], start_s, end_s, record_spans)
+    if state.cursor[name] >= len(state.program.streams[name]):
+        state.release(name, end_s)
+
+
+def _post_blocking(env: _Environment, state: RankState, world: _World, instruction: Blocking, index: int,
+                   resume: simpy.Event, record_spans: bool):
+    """What stream `instruction.stream` does for a Blocking collective that is not inlined, at the step where it
+    would: post it, at its end record its intervals, span and frees, and trigger `resume` (its Signal(done))."""
+    collective, name = instruction
+    rank = state.program.rank
+    state.comm_streams[name] = None
+    if collective.allocs:
+        state.memory.collective_allocate(collective, name, env.now)
+    pending = world.network(rank, collective).collective(rank, collective)
+    state.blocked[COMPUTE_STREAM] = (index, instruction, pending)
+    yield pending.done
+    start_s, end_s = pending.start_s, env.now
+    if end_s > start_s:
+        state.comm_intervals.append((start_s, end_s))
+        state.stream_transfers.setdefault(name, []).append((start_s, end_s))
+    if record_spans:
+        state.spans[name] += (comm_span_info(rank, name, collective, collective.kind), start_s, end_s)
+    if collective.frees:
+        state.memory.collective_free(collective, end_s)
+    env.trigger_at(resume, end_s)
+
+
+def _check_stream(state: RankState, collective, name: str) -> None:
+    """A Blocking collective's stream must be one of its program's."""
+    if name not in state.spans:
+        raise PlanError(f"rank {state.program.rank}: Blocking collective {collective.name!r} on stream {name!r}, "
+                        f"which its program does not have (streams: {', '.join(state.spans)})")
+
+
+def _inline_blocking(state: RankState, world: _World, collective, name: str, now_s: float) -> float | None:
+    """Run a Blocking collective inline if exact, as _inline does: its stream has nothing outstanding by
+    construction, so only its having started (reached its first wait, as can_inline asks) and the network's
+    condition remain; returns the end time, or None."""
+    _check_stream(state, collective, name)
+    if name not in state.started:
+        return None
+    rank = state.program.rank
+    duration = world.network(rank, collective).inline_duration_s(rank, collective)
+    if duration is None:
+        return None
+    state.comm_streams[name] = None
+    if collective.allocs:
+        state.memory.collective_allocate(collective, name, now_s)
+    return now_s + duration
+
+
+def _record_inline(state: RankState, name: str, collective, start_s: float, end_s: float,
+                   record_spans: bool) -> None:
+    """An inlined collective's end, in the normal path's order: its stream's intervals, span and frees, then the
+    compute stream's exposure."""
     if end_s > start_s:
         state.comm_intervals.append((start_s, end_s))
         state.stream_transfers.setdefault(name, []).append((start_s, end_s))
@@ -460,8 +566,6 @@ def _finish_inline(state: RankState, plan: tuple[str, int], start_s: float, end_
         state.memory.collective_free(collective, end_s)
     if end_s > start_s:
         state.exposed_intervals.append((start_s, end_s))     # the compute stream waited all along
-    if state.cursor[name] >= len(state.program.streams[name]):
-        state.release(name, end_s)
 
 
 def _expose(state: RankState, signaller: str, waited_from_s: float, now_s: float) -> None:

@@ -33,7 +33,7 @@ from simulator.network.footprint import (footprint, interference_components, iso
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
-from simulator.parallel.program import Collective, Program, Recv, Send
+from simulator.parallel.program import Blocking, Collective, Program, Recv, Send
 
 AXES_TRIED = ("tp", "dp", "pp")
 
@@ -266,7 +266,11 @@ class NetworkModel:
             for stream, instructions in program.streams.items():
                 for instruction in instructions:
                     kind = type(instruction)
-                    if kind is Collective:
+                    if kind is Blocking:          # posted on its own stream on behalf of this one
+                        collective = instruction.collective
+                        real[(collective.kind, collective.group, collective.size_bytes)] = None
+                        posters.setdefault(collective.group, {}).setdefault(rank, set()).add(instruction.stream)
+                    elif kind is Collective:
                         real[(instruction.kind, instruction.group, instruction.size_bytes)] = None
                         posters.setdefault(instruction.group, {}).setdefault(rank, set()).add(stream)
                     elif kind is Send:

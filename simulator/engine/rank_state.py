@@ -29,6 +29,10 @@ class RankState:
         stream_ids = {name: i for i, name in enumerate(program.streams)}
         self.program = program
         self.record_spans = options.record_spans
+        self.inline_collectives = options.inline_collectives     # Blocking instructions too (executor)
+        self.started: set[str] = set()               # streams whose process has begun
+        # stream -> (Blocking, its index, resume event): posted by that stream when it starts (executor)
+        self.handoffs: dict[str, tuple] = {}
         self.stretches = None                        # a Stretches (engine/stretches.py) when the executor replays them
         self.memory = RankMemory(allocator, program.tensors, stream_ids, options.record_timeline, options.repeats)
         self.trace = RankTrace(program.rank, program.device, capacity_bytes)

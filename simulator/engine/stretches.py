@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from simulator.engine.rank_state import COMPUTE_STREAM
 from simulator.engine.timelines import comm_span_info
-from simulator.parallel.program import Run, Signal
+from simulator.parallel.program import Blocking, Run, Signal
 
 if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
@@ -42,7 +42,8 @@ class StretchRecord:
     measuring: bool
     length: int                       # instructions consumed
     runs: tuple                       # (position in the stretch, op, duration, iteration, low) of each run
-    inlines: tuple                    # (position, stream, k - first k of that stream, kind, group, size, memory)
+    inlines: tuple                    # (position, stream, k - first k of that stream or None for a Blocking
+                                      # instruction, kind, group, size, memory)
     durations: tuple                  # per step (a run or a collective), the time it adds
     span_runs: tuple                  # per run: the recorded Run, a span's info (only its op and iteration are read)
     span_steps: tuple                 # per run: its step (the span is times[step], times[step + 1])
@@ -123,6 +124,14 @@ class Stretches:
         shift, low = instructions[index].shift, instructions[index].low
         for position, name, dk, kind, group, size, tensors in record.inlines:
             signal = instructions[index + position]
+            if dk is None:
+                if type(signal) is not Blocking or signal.stream != name:
+                    return None
+                collective = signal.collective
+                if collective.kind != kind or collective.group != group or collective.size_bytes != size \
+                        or not _same_tensors(collective, tensors, shift, low):
+                    return None
+                continue
             if type(signal) is not Signal:
                 return None
             plan = state.inline_plans.get(signal.event)
@@ -144,7 +153,7 @@ class Stretches:
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
                 return None
-        if starts and network is None:
+        if record.inlines and network is None:
             return None
         return starts
 
@@ -164,6 +173,7 @@ class Stretches:
             if state.cursor.get(name) is None:
                 state.parked[name] = streams[name][starts[name]].event
         for name, step, info in record.comm:
+            state.comm_streams[name] = None
             start, end = times[step], times[step + 1]
             if end > start:
                 state.comm_intervals.append((start, end))
@@ -172,7 +182,8 @@ class Stretches:
             if state.record_spans:
                 state.spans[name] += (info, start, end)
         for position, name, dk, *_ in record.inlines:
-            state.cursor[name] = starts[name] + dk + 3
+            if dk is not None:
+                state.cursor[name] = starts[name] + dk + 3
         if network is not None:
             network.isolated_operations += record.isolated
             network.shadows_dropped += record.dropped
@@ -259,7 +270,8 @@ class Stretches:
 
     def _predict(self, state: RankState, network, instructions, index: int, end: int, skipping, p0: int,
                  delta: int, measuring: bool, counters: tuple, cursor0: dict) -> StretchRecord | None:
-        """The record of instructions[index:end] (runs and inlined Signal/WaitFor pairs), or None if it has
+        """The record of instructions[index:end] (runs, inlined Signal/WaitFor pairs and Blocking collectives), or
+        None if it has
         anything a record cannot reproduce."""
         rank = state.program.rank
         shift = instructions[index].shift
@@ -280,30 +292,35 @@ class Stretches:
                 span_steps.append(step)
                 _calls(op, step, sample_steps, sample_ops)
                 position += 1
-            elif type(instruction) is Signal:
-                plan = state.inline_plans.get(instruction.event)
-                if plan is None or network is None:
+            elif type(instruction) is Signal or type(instruction) is Blocking:
+                if network is None:
                     return None
-                name, k = plan
-                collective = streams[name][k + 1]
+                if type(instruction) is Blocking:
+                    (collective, name), dk, width = instruction, None, 1
+                else:
+                    plan = state.inline_plans.get(instruction.event)
+                    if plan is None:
+                        return None
+                    name, k = plan
+                    if k + 3 >= len(streams[name]):
+                        return None
+                    collective, dk, width = streams[name][k + 1], k - first_k.setdefault(name, k), 2
                 duration = network.timed_isolated_s(collective.kind, collective.group, collective.size_bytes)
-                if duration is None or duration < 0 or k + 3 >= len(streams[name]):
+                tensors = _tensors(collective, shift, instructions[index].low)
+                if duration is None or duration < 0 or tensors is None:
                     return None
-                dk = k - first_k.setdefault(name, k)
                 inlines.append((position - index, name, dk, collective.kind, collective.group, collective.size_bytes,
-                                _tensors(collective, shift, instructions[index].low)))
-                if inlines[-1][-1] is None:
-                    return None
+                                tensors))
                 durations.append(duration)
                 comm.append((name, step, comm_span_info(rank, name, collective, collective.kind)))
                 _calls(collective, step, sample_steps, sample_ops)
-                position += 2
+                position += width
             else:
                 return None
         if position != end:
             return None
         for name, k in first_k.items():
-            last = max(inline[2] for inline in inlines if inline[1] == name)
+            last = max(inline[2] for inline in inlines if inline[1] == name and inline[2] is not None)
             if cursor0.get(name, k) != k or state.cursor.get(name) != k + last + 3:
                 return None              # the stream did not stand where _inline needs it, or ended elsewhere
         isolated, dropped = (network.isolated_operations - counters[0], network.shadows_dropped - counters[1]) \

@@ -16,7 +16,9 @@ Conventions (what is modelled and how):
 * Tensor-parallel collectives (group "tp") run on COMM_STREAM and the compute stream waits for them
   (Megatron's are blocking). Data-parallel reductions (group "dp", all_reduce / reduce_scatter) run
   on COMM_STREAM overlapped with backward; the compute stream waits for them before the optimizer
-  step. Data-parallel all_gathers (ZeRO parameters) are waited for at once.
+  step. Data-parallel all_gathers (ZeRO parameters) are waited for at once. A collective waited for at
+  once, on a stream with no overlapped reduction outstanding, is one `Blocking` instruction of the
+  compute stream (program.py); the others are Signal / WaitFor pairs around the comm stream's Collective.
 * With pp > 1 the stage workload carries its data-parallel ops (workload/stage.py): bucket reductions
   during the backward of the stage's last micro-batch (per chunk), on their own stream (DP_STREAM:
   Megatron's DP and TP communicators run concurrently), overlapped with the rest of the backward;
@@ -35,7 +37,7 @@ from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
 from simulator.parallel.plan import ParallelPlan
-from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Collective, Free,
+from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Blocking, Collective, Free,
                                         Instruction, Mark, Period, Program, Recv, Run, Send, Signal,
                                         WaitFor, checked_collective, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
@@ -47,7 +49,7 @@ from simulator.workload.training import IterationWorkload, Recipe
 from simulator.workload.transformer import Shape
 from simulator.workload.weight_split import RETAIN_GRAPH
 
-new_run = tuple.__new__       # Run(...) without the named tuple's Python-level __new__ (millions at scale)
+new_run = new_blocking = tuple.__new__    # Run(...), Blocking(...) without the named tuples' Python-level __new__
 DP_STREAM = f"{COMM_STREAM}.dp"      # data-parallel reductions of pipeline stages (module docstring)
 
 
@@ -86,6 +88,7 @@ class _Streams:
 
     rank: int
     plan: ParallelPlan
+    fuse_blocking = True      # a class switch, not a field: False writes every collective as Signal / WaitFor (tests)
     compute: list[Instruction] = field(default_factory=list)
     other: dict[str, list[Instruction]] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)     # dp reductions the compute stream has not waited for
@@ -118,15 +121,10 @@ class _Streams:
         lowered = self.lowered.get(id(op))
         if lowered is None or lowered[0] is not op:
             lowered = self.lowered[id(op)] = self._lower_collective(op)
-        _, group, comm, ready_label, done_label, kind, size_bytes, overlapped = lowered
+        _, group, comm, name, ready_label, done_label, kind, size_bytes, overlapped = lowered
         if group is None:
             self.compute.append(Run(op, duration_s, iteration, shift, low))
             return
-        count = self.count
-        ready = f"{ready_label}#{count + 1}"
-        done = f"{done_label}#{count + 2}"
-        self.count = count + 2
-        self.compute.append(signal(ready))
         allocs, frees = op.allocs, op.frees
         if shift:
             allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
@@ -141,6 +139,15 @@ class _Streams:
             # _lower_collective checked name, kind, group and size once per op.
             collective = checked_collective(op.name, kind, group, size_bytes, allocs, frees, iteration,
                                             (op.allocs, op.frees, shift, low))
+        if self.fuse_blocking and not overlapped and not (self.pending and name == self.dp_stream):
+            # Waited for at once on a stream with nothing outstanding: one Blocking instruction (program.py).
+            self.compute.append(new_blocking(Blocking, (collective, name)))
+            return
+        count = self.count
+        ready = f"{ready_label}#{count + 1}"
+        done = f"{done_label}#{count + 2}"
+        self.count = count + 2
+        self.compute.append(signal(ready))
         comm += [wait_for(ready), collective, signal(done)]
         if overlapped:
             self.pending.append(done)
@@ -148,18 +155,20 @@ class _Streams:
             self.compute.append(wait_for(done))
 
     def _lower_collective(self, op: Op) -> tuple:
-        """(op, group or None when it is this rank alone, stream, event labels, kind, size, overlapped)."""
+        """(op, group or None when it is this rank alone, stream and its name, event labels, kind, size,
+        overlapped)."""
         axis = op.group if op.group in ("tp", "dp") else "tp"
         group = self.groups.get(axis)
         if group is None:
             group = self.groups[axis] = self.plan.group_of(self.rank, axis)
         if len(group) == 1:
-            return (op, None, None, "", "", "", 0.0, False)
-        comm = self.stream(self.dp_stream if axis == "dp" else COMM_STREAM)
+            return (op, None, None, "", "", "", "", 0.0, False)
+        name = self.dp_stream if axis == "dp" else COMM_STREAM
+        comm = self.stream(name)
         overlapped = axis == "dp" and op.collective in ("all_reduce", "reduce_scatter")
         kind, size_bytes = op.collective or "all_reduce", float(op.comm_bytes)
         Collective(op.name, kind, group, size_bytes)     # validates what post's checked_collective copies
-        return (op, group, comm, f"{op.name}.ready", f"{op.name}.done", kind, size_bytes, overlapped)
+        return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", kind, size_bytes, overlapped)
 
     def flush(self) -> None:
         """The compute stream waits for every outstanding data-parallel reduction."""
