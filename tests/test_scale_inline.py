@@ -73,7 +73,7 @@ def test_inline_collectives_change_nothing(monkeypatch, nodes, parallel, inlines
 @pytest.mark.parametrize("nodes, parallel", [
     (1, {"tp": 2, "pp": 2, "dp": 2}),                                   # TP shares links: not inlined
     (4, {"tp": 8, "pp": 2, "dp": 2, "sequence_parallel": True}),         # inlined
-    (1, {"tp": 2, "dp": 4, "zero_stage": 3}),                            # pp = 1: TP, ZeRO gathers and DP share a stream
+    (1, {"tp": 2, "dp": 4, "zero_stage": 3}),       # pp = 1: TP, ZeRO gathers and DP share a stream
     (2, {"tp": 8, "pp": 2, "dp": 1, "schedule": "interleaved-1f1b", "virtual_stages": 2}),
 ])
 def test_blocking_instructions_equal_their_signal_wait_form(monkeypatch, nodes, parallel):

@@ -100,7 +100,8 @@ def test_i_and_w_run_as_separate_actions_in_schedule_order():
     kind_of = {id(op): kind for w in workloads.values() for mb in w.microbatches
                for kind, ops in (("F", mb.forward), ("I", mb.backward), ("W", mb.weight)) for op in ops}
     for stage, program in enumerate(programs):
-        ran = [kind_of[id(ins.op)] for ins in program.streams["compute"] if isinstance(ins, Run) and id(ins.op) in kind_of]
+        ran = [kind_of[id(ins.op)] for ins in program.streams["compute"]
+               if isinstance(ins, Run) and id(ins.op) in kind_of]
         assert _collapsed(ran) == _collapsed([a.kind for a in schedule.ranks[stage]])
         assert not any(ins.op.phase == BACKWARD_WEIGHT and kind_of.get(id(ins.op)) != "W"
                        for ins in program.streams["compute"] if isinstance(ins, Run))
@@ -120,7 +121,8 @@ def test_the_reduced_run_equals_the_full_run(name, tmp_path):
 def test_a_custom_schedule_with_weights_out_of_order_runs_from_the_command_line(tmp_path):
     (tmp_path / "late-w.txt").write_text("0F0 0F1 0I0 0I1 0W1 0W0\n1F0 1I0 1F1 1I1 1W1 1W0\n")
     doc = _scenario_doc("late-w.txt", pp=2, dp=2, microbatches=2)
-    lines = ["[model]", "architecture = 'gpt'"] + [f"{k} = {v!r}" for k, v in doc["model"].items() if k != "architecture"]
+    lines = ["[model]", "architecture = 'gpt'"]
+    lines += [f"{k} = {v!r}" for k, v in doc["model"].items() if k != "architecture"]
     for section in ("training", "parallel", "cluster", "run"):
         lines += [f"[{section}]"] + [f"{k} = {json.dumps(v)}" for k, v in doc[section].items()]
     path = tmp_path / "s.toml"

@@ -233,7 +233,8 @@ def posted_collectives(streams: dict[str, tuple | list], stream: str) -> list[Co
     """The collectives posted on `stream`: its own Collective instructions, then the compute stream's Blocking
     ones on it (each list in program order)."""
     own = [ins for ins in streams.get(stream, ()) if type(ins) is Collective]
-    return own + [ins.collective for ins in streams.get("compute", ()) if type(ins) is Blocking and ins.stream == stream]
+    compute = streams.get("compute", ())
+    return own + [ins.collective for ins in compute if type(ins) is Blocking and ins.stream == stream]
 COMM_INSTRUCTIONS = (Collective, Send, Recv)
 
 

@@ -158,7 +158,8 @@ class _Template:
             forward=mb.forward, backward=mb.backward, weight=mb.weight, inputs=tuple([moved(v) for v in mb.inputs]),
             stage_input=None if mb.stage_input is None else moved(mb.stage_input),
             grad_output=None if mb.grad_output is None else moved(mb.grad_output),
-            output=None if mb.output is None else moved(mb.output), output_bytes=mb.output_bytes, input_grad_bytes=mb.input_grad_bytes,
+            output=None if mb.output is None else moved(mb.output), output_bytes=mb.output_bytes,
+            input_grad_bytes=mb.input_grad_bytes,
             copy_of=mb.copy_of if mb.copy_of >= 0 else self.index, shift=shift, low=low, index=index)
 
 

@@ -4,8 +4,9 @@ Zero-bubble schedules (Qi et al. 2024) run a backward in two actions: I computes
 stage's inputs (and passes them on), W the gradients of the weights, later. The W part is every kernel of
 phase BACKWARD_WEIGHT (a linear's wgrad) plus every op that uses what one of them produced: reads or
 writes it, copies it into a new buffer, or only releases such tensors (the `.grad` hand-over and
-accumulation ops); everything else is I, in its replayed order. A tensor lives until its last use in the new order, as autograd's references (and the
-weight-gradient store of zero-bubble implementations) keep it:
+accumulation ops); everything else is I, in its replayed order. A tensor lives until its last use in
+the new order, as autograd's references (and the weight-gradient store of zero-bubble implementations)
+keep it:
 
 * a tensor freed in I that a W op touches (a linear's saved input, the gradient of its output) is freed
   after the last W op that touches it (all of W runs after all of I);
@@ -17,7 +18,8 @@ That is what Megatron's zero-bubble implementation does (Qi et al.: each deferre
 gradient wait in a WeightGradStore): WEIGHT_STORE. torch.distributed.pipelining instead runs I as
 `autograd.grad(..., retain_graph=True)`, which keeps the whole graph, so every saved activation stays until
 W is done (`stage_backward_input` / `stage_backward_weight`, measured: validation/zero_bubble.py):
-RETAIN_GRAPH, where `split_backward(ops, retained)` frees those tensors with the last op of W.
+RETAIN_GRAPH, where `split_backward(ops, retained)` frees those tensors with the last op of W (which ones:
+workload/stage.py `_retained`).
 """
 
 from __future__ import annotations
