@@ -96,6 +96,15 @@ def test_a_blocking_collective_on_a_stream_the_program_lacks_is_a_plan_error():
                           load_topology("dgx-a100"))
 
 
+def test_a_blocking_collective_off_the_compute_stream_is_a_plan_error():
+    collective = Collective("tp0", "all_reduce", tuple(range(8)), 1024.0)
+    program = Program(0, "gpu", 0, {}, {"compute": (), "side": (Blocking(collective, "comm"),), "comm": ()})
+    with pytest.raises(PlanError, match=r"rank 0: Blocking collective 'tp0' on stream 'side': only the compute "
+                                        r"stream runs Blocking instructions"):
+        simulate_programs([program], [CachingAllocator(CAPACITY)], [CAPACITY], EngineOptions(),
+                          load_topology("dgx-a100"))
+
+
 _steps = st.lists(st.tuples(st.sampled_from(["run", "tp", "side"]), st.sampled_from([0.0, 1e-6, 3e-6, 1e-3]),
                             st.booleans()), min_size=1, max_size=14)
 

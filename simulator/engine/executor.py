@@ -280,7 +280,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             # A blocking collective runs inline: a Blocking one, or the Collective after a Signal with a plan.
             if kind is Blocking:
                 collective, name = instruction
-                _check_stream(state, collective, name)
+                _check_stream(state, collective, name, stream)
                 plan, inline = None, state.inline_collectives
             else:
                 plan = inline_plans.get(instruction.event)
@@ -529,8 +529,11 @@ def _post_blocking(env: _Environment, state: RankState, world: _World, instructi
     env.trigger_at(resume, end_s)
 
 
-def _check_stream(state: RankState, collective, name: str) -> None:
-    """A Blocking collective's stream must be one of its program's."""
+def _check_stream(state: RankState, collective, name: str, waiter: str = COMPUTE_STREAM) -> None:
+    """A Blocking collective is the compute stream's, and its stream one of its program's."""
+    if waiter != COMPUTE_STREAM:
+        raise PlanError(f"rank {state.program.rank}: Blocking collective {collective.name!r} on stream {waiter!r}: "
+                        f"only the {COMPUTE_STREAM} stream runs Blocking instructions")
     if name not in state.spans:
         raise PlanError(f"rank {state.program.rank}: Blocking collective {collective.name!r} on stream {name!r}, "
                         f"which its program does not have (streams: {', '.join(state.spans)})")
