@@ -89,7 +89,7 @@ def split_backward(ops: Sequence[Op], retained: Callable[[int], bool] | None = N
             last = touched_by_weight.get(t)
             if not deferred[k]:
                 if retained is not None and last_weight is not None and retained(t):
-                    last = max(last if last is not None else -1, last_weight)
+                    last = last_weight                         # kept by I until W is done
                 if last is not None:
                     moved.setdefault(last, []).append(t)      # all of W runs after all of I
                 else:
