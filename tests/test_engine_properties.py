@@ -21,7 +21,7 @@ OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adafactor", "adam-8bit")
 DEVICES = ("cpu", "rtx-4090", "h100-sxm")
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MANY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MANY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite

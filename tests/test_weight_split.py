@@ -82,7 +82,7 @@ def backwards(draw) -> list[Op]:
     return ops
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(backwards(), st.sampled_from([None, 2, 3]))
 def test_any_backward_splits_into_a_valid_program_with_frees_at_last_use(ops, modulus):
     _replay_is_valid(tuple(ops))
