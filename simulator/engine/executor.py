@@ -385,15 +385,9 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             quiet = None
             state.blocked.pop(stream, None)
             started = pending.start_s
-            if now > started:
-                state.comm_intervals.append((started, now))
-                state.stream_transfers.setdefault(stream, []).append((started, now))
-                if stream == COMPUTE_STREAM:
-                    state.exposed_intervals.append((started, now))
-            if record_spans:
-                spans += (comm_span_info(rank, stream, instruction, span_kind), started, now)
-            if kind is Collective and instruction.frees:
-                memory.collective_free(instruction, now)
+            _record_comm(state, stream, instruction, span_kind, started, now, record_spans)
+            if stream == COMPUTE_STREAM and now > started:
+                state.exposed_intervals.append((started, now))
     for parked in list(state.parked) if stream == COMPUTE_STREAM else ():
         state.release(parked, now)
     if now > env.now:
@@ -518,18 +512,11 @@ def _post_blocking(env: _Environment, state: RankState, world: _World, instructi
     pending = world.network(rank, collective).collective(rank, collective)
     state.blocked[COMPUTE_STREAM] = (index, instruction, pending)
     yield pending.done
-    start_s, end_s = pending.start_s, env.now
-    if end_s > start_s:
-        state.comm_intervals.append((start_s, end_s))
-        state.stream_transfers.setdefault(name, []).append((start_s, end_s))
-    if record_spans:
-        state.spans[name] += (comm_span_info(rank, name, collective, collective.kind), start_s, end_s)
-    if collective.frees:
-        state.memory.collective_free(collective, end_s)
-    env.trigger_at(resume, end_s)
+    _record_comm(state, name, collective, collective.kind, pending.start_s, env.now, record_spans)
+    env.trigger_at(resume, env.now)
 
 
-def _check_stream(state: RankState, collective, name: str, waiter: str = COMPUTE_STREAM) -> None:
+def _check_stream(state: RankState, collective, name: str, waiter: str) -> None:
     """A Blocking collective is the compute stream's, and its stream one of its program's."""
     if waiter != COMPUTE_STREAM:
         raise PlanError(f"rank {state.program.rank}: Blocking collective {collective.name!r} on stream {waiter!r}: "
@@ -542,8 +529,8 @@ def _check_stream(state: RankState, collective, name: str, waiter: str = COMPUTE
 def _inline_blocking(state: RankState, world: _World, collective, name: str, now_s: float) -> float | None:
     """Run a Blocking collective inline if exact, as _inline does: its stream has nothing outstanding by
     construction, so only its having started (reached its first wait, as can_inline asks) and the network's
-    condition remain; returns the end time, or None."""
-    _check_stream(state, collective, name)
+    condition remain (an absent stream never starts: the Blocking branch reports it); returns the end time, or
+    None."""
     if name not in state.started:
         return None
     rank = state.program.rank
@@ -556,17 +543,23 @@ def _inline_blocking(state: RankState, world: _World, collective, name: str, now
     return now_s + duration
 
 
+def _record_comm(state: RankState, stream: str, instruction, span_kind: str, start_s: float, end_s: float,
+                 record_spans: bool) -> None:
+    """A transfer of `stream` that ended: its communication interval, its span and a collective's frees."""
+    if end_s > start_s:
+        state.comm_intervals.append((start_s, end_s))
+        state.stream_transfers.setdefault(stream, []).append((start_s, end_s))
+    if record_spans:
+        state.spans[stream] += (comm_span_info(state.program.rank, stream, instruction, span_kind), start_s, end_s)
+    if type(instruction) is Collective and instruction.frees:
+        state.memory.collective_free(instruction, end_s)
+
+
 def _record_inline(state: RankState, name: str, collective, start_s: float, end_s: float,
                    record_spans: bool) -> None:
     """An inlined collective's end, in the normal path's order: its stream's intervals, span and frees, then the
     compute stream's exposure."""
-    if end_s > start_s:
-        state.comm_intervals.append((start_s, end_s))
-        state.stream_transfers.setdefault(name, []).append((start_s, end_s))
-    if record_spans:
-        state.spans[name] += (comm_span_info(state.program.rank, name, collective, collective.kind), start_s, end_s)
-    if collective.frees:
-        state.memory.collective_free(collective, end_s)
+    _record_comm(state, name, collective, collective.kind, start_s, end_s, record_spans)
     if end_s > start_s:
         state.exposed_intervals.append((start_s, end_s))     # the compute stream waited all along
 

@@ -100,6 +100,7 @@ class _Streams:
     regions: dict[int, tuple[int, int]] = field(default_factory=dict)    # chunk -> ids of micro-batch copies
     lowered: dict[int, tuple] = field(default_factory=dict)              # id(op) -> _lower_collective(op)
     unmoved: dict[tuple[int, int], Collective] = field(default_factory=dict)   # (id(op), iteration) -> its post
+    held: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)  # (chunk, mb) -> freed after its W
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -380,10 +381,13 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
     if action.kind in ("B", "W"):
         streams.microbatch(weight, it, mb.shift, mb.low)      # nothing unless the chunk's backwards are split
     done = mb.inputs + ((mb.stage_input,) if mb.stage_input is not None else ())
-    if action.kind != "B":
-        # What W still reads (everything, where I keeps the autograd graph) is freed after W, the rest after I.
+    if action.kind == "I":
+        # What W still reads (everything, where I keeps the autograd graph) is freed after W, the rest now.
         late = set(done) if workload.meta.get("weight_split") == RETAIN_GRAPH else _weight_touched(mb)
-        done = tuple(t for t in done if (t in late) == (action.kind == "W"))
+        streams.held[(action.chunk, action.microbatch)] = tuple(t for t in done if t in late)
+        done = tuple(t for t in done if t not in late)
+    elif action.kind == "W":
+        done = streams.held.pop((action.chunk, action.microbatch))
     if mb.output is not None and action.kind != "W":
         done = (mb.output,) + done            # the stage output the runtime kept for this backward
     if done:
