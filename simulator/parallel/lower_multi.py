@@ -32,6 +32,7 @@ Conventions (what is modelled and how):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
@@ -51,6 +52,7 @@ from simulator.workload.weight_split import RETAIN_GRAPH
 
 new_run = new_blocking = tuple.__new__    # Run(...), Blocking(...) without the named tuples' Python-level __new__
 DP_STREAM = f"{COMM_STREAM}.dp"      # data-parallel reductions of pipeline stages (module docstring)
+_UNMOVED, _MOVED = range(2)          # how _Streams.microbatch lowers a compiled collective (_Streams._compile)
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,14 @@ class _TimedOps:
 
     `segments`: (plain, special) pairs in order, `plain` a stretch of (op, duration) that only runs on the
     compute stream, `special` the op that follows it needing `_Streams.runs` (a collective or an
-    optimizer-phase op), or None at the end.
+    optimizer-phase op), or None at the end. `ops` / `durations`: `pairs` as two columns, so that a
+    micro-batch's runs are made in one pass.
     """
 
     pairs: tuple[tuple[Op, float], ...]
     segments: tuple[tuple[tuple[tuple[Op, float], ...], tuple[Op, float] | None], ...]
+    ops: tuple[Op, ...] = ()
+    durations: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, runs: list[Run]) -> _TimedOps:
@@ -79,7 +84,7 @@ class _TimedOps:
                 plain.append(pair)
         if plain:
             segments.append((tuple(plain), None))
-        return cls(pairs, tuple(segments))
+        return cls(pairs, tuple(segments), tuple(op for op, _ in pairs), tuple(duration_s for _, duration_s in pairs))
 
 
 @dataclass
@@ -101,6 +106,9 @@ class _Streams:
     lowered: dict[int, tuple] = field(default_factory=dict)              # id(op) -> _lower_collective(op)
     unmoved: dict[tuple[int, int], Collective] = field(default_factory=dict)   # (id(op), iteration) -> its post
     held: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)  # (chunk, mb) -> freed after its W
+    compiled: dict[tuple, tuple] = field(default_factory=dict)    # (id(timed ops), low) -> (them, _compile's)
+    peers: dict[int, int] = field(default_factory=dict)           # pipeline stage -> this rank's peer on it
+    chunks: dict[int, int] = field(default_factory=dict)          # pipeline stage -> its chunk on its rank
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -179,13 +187,81 @@ class _Streams:
     def microbatch(self, timed: _TimedOps, iteration: int, shift: int, low: int) -> None:
         """Append one micro-batch's runs of `timed` (its template's ops, tensor ids moved by shift / low).
 
-        Only the Run objects are made per micro-batch: stretches of plain ops are extended in one go,
-        collectives, optimizer-phase ops and the ops before the last lazily allocated workspace take the
-        general path (`runs`).
+        Only the instructions are made per micro-batch: the runs in one pass over the ops, the collectives among
+        them from what `_compile` worked out once per (ops, low). Ops before the last lazily allocated
+        workspace, and op lists with a collective whose lowering depends on the streams' state (an overlapped
+        one, one on the data-parallel stream) or an optimizer-phase op, take the general path (`_general`).
         """
         if self.first_gemm:
             self.runs([Run(op, duration_s, iteration, shift, low) for op, duration_s in timed.pairs])
             return
+        key = (id(timed), low if shift else None)
+        compiled = self.compiled.get(key)
+        if compiled is None or compiled[0] is not timed:
+            compiled = self.compiled[key] = (timed, self._compile(timed, low if shift else None))
+        specials = compiled[1]
+        if specials is None:
+            self._general(timed, iteration, shift, low)
+            return
+        # Every op as a run (a collective's run is what a collective of this rank alone lowers to), then each
+        # Blocking in its op's place.
+        runs = list(map(new_run, repeat(Run), zip(timed.ops, timed.durations, repeat(iteration), repeat(shift),
+                                                  repeat(low))))
+        unmoved = self.unmoved
+        for index, special in specials:
+            if special[0] == _MOVED:
+                _, op_name, kind, group, size_bytes, name, allocs, frees, move_allocs, move_frees = special
+                collective = checked_collective(
+                    op_name, kind, group, size_bytes,
+                    (allocs[0] + shift,) if move_allocs == 1 else allocs if move_allocs == 0
+                    else tuple([v + shift if v >= low else v for v in allocs]),
+                    (frees[0] + shift,) if move_frees == 1 else frees if move_frees == 0
+                    else tuple([v + shift if v >= low else v for v in frees]),
+                    iteration, (allocs, frees, shift, low))
+            else:
+                _, op, kind, group, size_bytes, name = special
+                collective = unmoved.get((id(op), iteration))
+                if collective is None:
+                    # As `post` makes it: the first post's (moved, equal) tuples.
+                    allocs, frees = op.allocs, op.frees
+                    if shift:
+                        allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
+                    collective = unmoved[(id(op), iteration)] = Collective(op.name, kind, group, size_bytes,
+                                                                           allocs, frees, iteration)
+            runs[index] = new_blocking(Blocking, (collective, name))
+        self.compute += runs
+
+    def _compile(self, timed: _TimedOps, low: int | None) -> tuple | None:
+        """(index in `timed.pairs`, special) per collective of `timed` lowered to a Blocking, for copies with this
+        `low` (None: not moved); special: (_UNMOVED, op, kind, group, size, stream) when its ids do not move,
+        (_MOVED, op name, kind, group, size, stream, op allocs, op frees, how each moves: `_moves`) when they do.
+        A collective of this rank alone is left out (it lowers to its run). None when a collective's lowering
+        depends on the streams' state, or `timed` has an optimizer-phase op (then `_general` lowers them)."""
+        if not self.fuse_blocking:
+            return None
+        specials = []
+        for index, (op, _) in enumerate(timed.pairs):
+            if op.op_class != COLLECTIVE:
+                if op.phase == OPTIMIZER_STEP:
+                    return None
+                continue
+            lowered = self.lowered.get(id(op))
+            if lowered is None or lowered[0] is not op:
+                lowered = self.lowered[id(op)] = self._lower_collective(op)
+            _, group, _, name, _, _, kind, size_bytes, overlapped = lowered
+            if group is None:
+                continue
+            if overlapped or name == self.dp_stream:
+                return None          # overlapped, or waits on pending reductions: post decides per call
+            if low is not None and any(v >= low for v in op.allocs + op.frees):
+                specials.append((index, (_MOVED, op.name, kind, group, size_bytes, name, op.allocs, op.frees,
+                                         _moves(op.allocs, low), _moves(op.frees, low))))
+            else:
+                specials.append((index, (_UNMOVED, op, kind, group, size_bytes, name)))
+        return tuple(specials)
+
+    def _general(self, timed: _TimedOps, iteration: int, shift: int, low: int) -> None:
+        """`microbatch` op by op: plain stretches, then each special through `post` or `runs`."""
         compute = self.compute
         for plain, special in timed.segments:
             if plain:
@@ -217,6 +293,14 @@ class _Streams:
         for name in sorted(self.other):
             streams[name] = tuple(self.other[name])
         return Program(self.rank, device.name, stage, tensors, streams)
+
+
+def _moves(ids: tuple[int, ...], low: int) -> int:
+    """How `moved_ids(ids, shift, low)` is made for any shift: 0 none moves (equal to `ids`), 1 `ids` is one
+    id that moves, 2 id by id."""
+    if not any(v >= low for v in ids):
+        return 0
+    return 1 if len(ids) == 1 else 2
 
 
 def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, plan: ParallelPlan, rank: int,
@@ -306,13 +390,14 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
     offset = 0
     mine: dict[int, StageWorkload] = {}
     for chunk in chunks:
+        if mine:
+            offset = max(tensors) + 1
         workload = workloads[(stage, chunk)]
         if offset:
             workload = _shift(workload, offset)
         mine[chunk] = workload
         offsets[chunk] = offset
         tensors.update(workload.tensors)
-        offset = max(tensors) + 1
     cache: dict[tuple, float] = {}
     timed = {chunk: _timed_microbatches(w, device, cache) for chunk, w in mine.items()}
     steps = {chunk: timed_ops(w.optimizer, w.tensors, device, 0) for chunk, w in mine.items()}
@@ -412,33 +497,42 @@ def _copy_region(workload: StageWorkload) -> tuple[int, int]:
 def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int, StageWorkload],
           schedule: Schedule, it: int) -> None:
     transfer = step.transfer
-    coords = plan.coords(streams.rank)
-    peer = plan.rank_of(dp=coords.dp, pp=step.peer, tp=coords.tp)
+    peer = streams.peers.get(step.peer)
+    if peer is None:
+        coords = plan.coords(streams.rank)
+        peer = streams.peers[step.peer] = plan.rank_of(dp=coords.dp, pp=step.peer, tp=coords.tp)
     producer = transfer.producer
-    tag = _tag(transfer.kind, producer.stage, producer.microbatch, it)
+    kind = transfer.kind
+    tag = _tag(kind, producer.stage, producer.microbatch, it)
     # Both ends carry the same name, which is how the Chrome trace pairs them into a flow arrow.
-    name = f"{transfer.kind} from stage {producer.stage} microbatch {producer.microbatch}"
+    name = f"{kind} from stage {producer.stage} microbatch {producer.microbatch}"
+    compute = streams.compute
     if step.op == "send":
-        mb = mine[producer.chunk if producer.chunk is not None else schedule.chunk_of(producer.stage)] \
+        mb = mine[producer.chunk if producer.chunk is not None else _chunk_of(streams, schedule, producer.stage)] \
             .microbatches[producer.microbatch]
-        size = mb.output_bytes if transfer.kind == "activation" else mb.input_grad_bytes
+        size = mb.output_bytes if kind == "activation" else mb.input_grad_bytes
         ready = streams.event(f"send.{tag}")
-        streams.compute.append(Signal(ready))
-        streams.stream(f"{SEND_STREAM}.{transfer.kind}").extend(
-            [WaitFor(ready), Send(name, peer, float(size), tag, it)])
+        compute.append(signal(ready))
+        streams.stream(f"{SEND_STREAM}.{kind}").extend([wait_for(ready), Send(name, peer, float(size), tag, it)])
         return
     consumer = transfer.consumer
-    chunk = consumer.chunk if consumer.chunk is not None else schedule.chunk_of(consumer.stage)
+    chunk = consumer.chunk if consumer.chunk is not None else _chunk_of(streams, schedule, consumer.stage)
     mb = mine[chunk].microbatches[consumer.microbatch]
-    if transfer.kind == "activation":
-        allocs, size = (mb.stage_input,), mine[chunk].tensors[mb.stage_input].nbytes
-    else:
-        allocs, size = (mb.grad_output,), mine[chunk].tensors[mb.grad_output].nbytes
+    received = mb.stage_input if kind == "activation" else mb.grad_output
+    allocs, size = (received,), mine[chunk].tensors[received].nbytes
     post, done = streams.event(f"post.{tag}"), streams.event(f"recv.{tag}")
-    streams.compute.append(Signal(post))
-    streams.stream(RECV_STREAM).extend([WaitFor(post), Recv(name, peer, float(size), tag,
-                                                            allocs, it), Signal(done)])
-    streams.compute.append(WaitFor(done))
+    compute.append(signal(post))
+    streams.stream(RECV_STREAM).extend([wait_for(post), Recv(name, peer, float(size), tag, allocs, it),
+                                        signal(done)])
+    compute.append(wait_for(done))
+
+
+def _chunk_of(streams: _Streams, schedule: Schedule, stage: int) -> int:
+    """schedule.chunk_of(stage), once per stage."""
+    chunk = streams.chunks.get(stage)
+    if chunk is None:
+        chunk = streams.chunks[stage] = schedule.chunk_of(stage)
+    return chunk
 
 
 def _tied_embedding_all_reduce(streams: _Streams, mine: dict[int, StageWorkload], plan: ParallelPlan,

@@ -179,8 +179,13 @@ class Recv:
 # millions). `checked_collective` skips Collective's validation: only for fields an earlier Collective checked.
 _new_instance = object.__new__
 _set_event = (Signal.__dict__["event"].__set__, WaitFor.__dict__["event"].__set__)
-_COLLECTIVE_SETTERS = tuple(Collective.__dict__[name].__set__ for name in
-                            ("name", "kind", "group", "size_bytes", "allocs", "frees", "iteration", "moved"))
+
+
+class _CollectiveSlots:
+    """Collective's slots, writable: `checked_collective` fills one, then makes it a Collective by assigning
+    `__class__` (allowed between classes of the same slot layout), at half the cost of eight slot setters."""
+
+    __slots__ = Collective.__slots__
 
 
 def signal(event: str) -> Signal:
@@ -200,16 +205,16 @@ def wait_for(event: str) -> WaitFor:
 def checked_collective(name: str, kind: str, group: tuple[int, ...], size_bytes: float, allocs: tuple[int, ...],
                        frees: tuple[int, ...], iteration: int, moved: tuple | None) -> Collective:
     """Collective(...) with name, kind, group and size_bytes already validated by an equal Collective."""
-    instance = _new_instance(Collective)
-    set_name, set_kind, set_group, set_size, set_allocs, set_frees, set_iteration, set_moved = _COLLECTIVE_SETTERS
-    set_name(instance, name)
-    set_kind(instance, kind)
-    set_group(instance, group)
-    set_size(instance, size_bytes)
-    set_allocs(instance, allocs)
-    set_frees(instance, frees)
-    set_iteration(instance, iteration)
-    set_moved(instance, moved)
+    instance = _CollectiveSlots()
+    instance.name = name
+    instance.kind = kind
+    instance.group = group
+    instance.size_bytes = size_bytes
+    instance.allocs = allocs
+    instance.frees = frees
+    instance.iteration = iteration
+    instance.moved = moved
+    instance.__class__ = Collective
     return instance
 
 

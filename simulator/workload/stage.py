@@ -346,7 +346,9 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             block = {tid: t for tid, t in tensors.items() if tid >= next_id}
             template = _Template(results[-1], block, next_id, end - next_id, j)
         next_id = end
-    ids = IdSource(max(max(tensors) + 1, tape.next_tensor_id, next_id))
+    # After copies every id lies below next_id (a copy's block ends there): no need to scan the ~10^5 keys.
+    ids = IdSource(max(tape.next_tensor_id, next_id) if template is not None
+                   else max(max(tensors) + 1, tape.next_tensor_id, next_id))
     first_tape_storages = tape._storages
     for ref in persistent_refs:
         st = first_tape_storages[ref.id]
@@ -390,7 +392,7 @@ def _data_parallel(workload: StageWorkload, recipe: Recipe, profile: KernelProfi
     setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
                               len(workload.microbatches), recipe.optimizer, recipe.optimizer_implementation,
                               profile.device_kind == "cpu", dts.param, dts.master)
-    tensors = dict(workload.tensors)
+    tensors = workload.tensors       # build_stage's own, not kept elsewhere: extended in place, not copied
     sync = prepare_sync(setup, params, tensors, ids)
     mb = workload.microbatches[sync_microbatch].resolved()     # a copy gets its own ops (their ids change)
     # A split backward's landings index I + W (build_stage); what lands in W is reduced in W.

@@ -1,0 +1,121 @@
+"""A micro-batch's instructions made from its op list's compiled form equal lowering it op by op."""
+
+from __future__ import annotations
+
+import pytest
+
+import simulator.api as api
+from simulator.parallel.lower_multi import _Streams, lower_multi
+from simulator.parallel.plan import make_plan
+from simulator.parallel.program import Blocking, Collective, Run
+from simulator.parallel.schedule_check import load_schedule
+from simulator.scenario import scenario_from_dict
+
+
+def _doc(topology: str, schedule: str, recompute: str, framework: str, microbatches: int, **parallel) -> dict:
+    return {"name": "compiled", "model": {"architecture": "gpt", "num_layers": 8, "hidden_size": 64,
+                                          "num_attention_heads": 4, "vocab_size": 512, "seq_length": 32,
+                                          "dropout": 0.0},
+            "training": {"micro_batch_size": 1, "global_batch_size": microbatches * parallel.get("dp", 1),
+                         "precision": "bf16-mixed", "framework": framework, "recompute": recompute},
+            "parallel": dict(parallel, schedule=schedule, bucket_size="25 kB"), "cluster": {"topology": topology},
+            "run": {"warmup_iterations": 1, "iterations": 1, "record_events": False}}
+
+
+def _programs(doc: dict, full: bool = False):
+    scenario = scenario_from_dict(doc)
+    cluster = api.resolve_cluster(scenario)
+    recipe = api.multi_recipe(scenario, cluster.device)
+    p = scenario.parallel
+    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    plan = make_plan(scenario, cluster.topology)
+    programs, _ = lower_multi(api.model_shape(scenario), recipe, api.kernel_profile(cluster.device), plan,
+                              schedule, cluster.device, 1, 1, full=full)
+    return programs
+
+
+def _identities(programs) -> list[tuple]:
+    """Every instruction with the objects it shares named by first appearance: the op of a Run, the tensor
+    tuples a copy's collective was moved from, the collective objects themselves (the engine matches replayed
+    memory calls by these identities)."""
+    names: dict[int, int] = {}
+    kept = []        # the objects named, alive until the end
+
+    def name(obj) -> int:
+        kept.append(obj)
+        return names.setdefault(id(obj), len(names))
+
+    def collective(c: Collective) -> tuple:
+        moved = None if c.moved is None else (name(c.moved[0]), name(c.moved[1]), c.moved)
+        return name(c), c, moved
+
+    out = []
+    for program in programs:
+        out.append((program.rank, program.stage, list(program.tensors.items())))
+        for stream in sorted(program.streams):
+            for ins in program.streams[stream]:
+                if type(ins) is Run:
+                    out.append((stream, name(ins.op), name(ins.op.allocs), name(ins.op.frees), ins))
+                elif type(ins) is Blocking:
+                    out.append((stream, ins.stream, collective(ins.collective)))
+                elif type(ins) is Collective:
+                    out.append((stream, collective(ins)))
+                else:
+                    out.append((stream, type(ins).__name__, ins))
+    return out
+
+
+CASES = [
+    ("pcie-4x4090", "1f1b", "full", "megatron", 8, dict(tp=2, pp=2)),
+    ("pcie-4x4090", "1f1b", "none", "torch", 6, dict(pp=4)),
+    ("pcie-4x4090", "interleaved-1f1b", "full", "megatron", 8, dict(pp=2, tp=2, virtual_stages=2)),
+    ("pcie-4x4090", "interleaved-1f1b", "none", "megatron", 4, dict(pp=4, virtual_stages=2)),
+    ("pcie-4x4090", "zb-h1", "full", "megatron", 6, dict(pp=2, tp=2)),
+    ("pcie-4x4090", "zb-h1", "none", "torch", 6, dict(pp=4)),
+    ("dgx-a100", "1f1b", "full", "megatron", 6, dict(tp=2, pp=2, dp=2)),
+    ("dgx-a100", "zb-h1", "selective", "megatron", 6, dict(tp=2, pp=2, dp=2, sequence_parallel=True)),
+    ("dgx-a100", "interleaved-1f1b", "full", "torch", 4, dict(tp=2, pp=2, dp=2, virtual_stages=2)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[1]}-{case[2]}-{case[3]}-{case[5]}")
+def test_compiled_microbatches_equal_lowering_op_by_op(case, monkeypatch):
+    topology, schedule, recompute, framework, microbatches, parallel = case
+    doc = _doc(topology, schedule, recompute, framework, microbatches, **parallel)
+    full = parallel.get("dp", 1) > 1
+    fast = _programs(doc, full)
+    compiled = sum(1 for program in fast for ins in program.streams["compute"] if type(ins) is Run and ins.shift)
+    assert compiled > 0          # the plans have micro-batch copies, which take the compiled path
+    monkeypatch.setattr(_Streams, "_compile", lambda self, timed, low: None)     # every op list op by op
+    slow = _programs(doc, full)
+    assert [p.streams for p in fast] == [p.streams for p in slow]
+    assert _identities(fast) == _identities(slow)
+
+
+def test_compiled_path_is_taken_and_keeps_moved_collectives_on_their_template_tuples():
+    doc = _doc("pcie-4x4090", "1f1b", "full", "megatron", 8, tp=2, pp=2, sequence_parallel=True)
+    programs = _programs(doc)
+    moved = [ins.collective for program in programs for ins in program.streams["compute"]
+             if type(ins) is Blocking and ins.collective.moved is not None]
+    assert moved
+    for collective in moved:
+        allocs, frees, shift, low = collective.moved
+        assert collective.allocs == tuple(v + shift if v >= low else v for v in allocs)
+        assert collective.frees == tuple(v + shift if v >= low else v for v in frees)
+        assert collective.allocs != allocs or collective.frees != frees
+
+
+def test_checked_collective_is_the_collective_the_constructor_makes():
+    from simulator.parallel.program import checked_collective
+
+    group = (0, 3, 5)
+    moved = ((7, 9), (9,), 100, 5)
+    fast = checked_collective("tp.all_gather", "all_gather", group, 48.0, (107, 109), (109,), 2, moved)
+    slow = Collective("tp.all_gather", "all_gather", group, 48.0, (107, 109), (109,), 2, moved)
+    assert type(fast) is Collective
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert [getattr(fast, name) for name in Collective.__slots__] == \
+        [getattr(slow, name) for name in Collective.__slots__]
+    assert fast.moved is moved and fast.group is group
+    with pytest.raises(AttributeError):
+        fast.allocs = ()                 # frozen like any Collective
