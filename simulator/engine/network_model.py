@@ -24,6 +24,7 @@ without flows.
 from __future__ import annotations
 
 from collections import deque
+from itertools import compress
 import simpy
 
 from simulator.errors import PlanError
@@ -36,6 +37,7 @@ from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import Blocking, Collective, Program, Recv, Send
 
 AXES_TRIED = ("tp", "dp", "pp")
+_COMMUNICATION = frozenset((Blocking, Collective, Send, Recv))
 
 
 class Pending:
@@ -110,6 +112,7 @@ class NetworkModel:
         self._represented_of: dict[int, tuple[int, ...]] = {}
         self._footprints: dict[tuple, tuple[int, ...]] = {}   # (kind, group, moves bytes) -> any-algorithm links
         self._alone: dict[tuple[int, ...], bool] = {}     # group -> a poster is its only simulated member
+        self._inline: dict[tuple, tuple] = {}     # (kind, group, size, rank) -> inline_duration_s's answer
         self._started_shadows: dict[tuple, tuple[tuple[tuple[int, ...], ...], int]] = {}   # -> (kept, dropped)
         self._shadow_sends: dict[tuple, tuple[tuple[CollectiveSchedule, ...], int, int]] = {}   # _shadow_transfers
         if programs is not None:
@@ -192,25 +195,36 @@ class NetworkModel:
         Inline means: `rank` is the group's only simulated member, the collective is link-isolated and none
         of its shadows is started, so it completes exactly its isolated duration after it is posted and
         touches nothing another operation can see. The caller then accounts it as posted and finished.
+        The answer depends only on (kind, group, size, rank) and is remembered (each call counts the operation).
         """
+        key = (instruction.kind, instruction.group, instruction.size_bytes, rank)
+        known = self._inline.get(key)
+        if known is None:
+            known = self._inline[key] = self._inline_answer(rank, instruction)
+        if not known:
+            return None
+        self.isolated_operations += 1
+        self.shadows_dropped += known[1]
+        return known[0]
+
+    def _inline_answer(self, rank: int, instruction: Collective) -> tuple[float, int] | tuple[()]:
+        """(duration, shadows dropped) when `rank` may run `instruction` inline (`inline_duration_s`), else ()."""
         key = (instruction.kind, instruction.group, instruction.size_bytes)
         if key not in self._isolated or rank not in instruction.group:
-            return None
+            return ()
         alone = self._alone.get(instruction.group)
         if alone is None:
             alone = self._alone[instruction.group] = all(r == rank or r not in self.simulated
                                                          for r in instruction.group)
         if not alone:
-            return None
+            return ()
         kept, dropped = self._shadow_launches(*key)
         if kept:
-            return None
+            return ()
         duration = self._isolated[key]
         if duration is None:
             duration = self._isolated[key] = isolated_duration_s(self.topology, self._lower(*key))
-        self.isolated_operations += 1
-        self.shadows_dropped += dropped
-        return duration
+        return duration, dropped
 
     def send(self, rank: int, instruction: Send) -> Pending:
         """Post a send from `rank`; the transfer starts when the matching recv is posted (or at once if the
@@ -264,7 +278,8 @@ class NetworkModel:
         for program in programs:
             rank = program.rank
             for stream, instructions in program.streams.items():
-                for instruction in instructions:
+                # Only communication matters here: pick it out in C (most instructions are compute runs).
+                for instruction in compress(instructions, map(_COMMUNICATION.__contains__, map(type, instructions))):
                     kind = type(instruction)
                     if kind is Blocking:          # posted on its own stream on behalf of this one
                         collective = instruction.collective

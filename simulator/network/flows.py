@@ -8,7 +8,8 @@ starts or finishes — only for the flows connected to it through shared resourc
 independent traffic is not touched. The search for components walks *units* — sets of flows found connected
 through their own resources, kept until one of their flows ends — whole, so a component that loses some of its
 flows is not walked flow by flow again; a component whose flows all end at one rate gets it without filling
-(`filling.one_level`); large components' rates are remembered by shape. A flow occupies its links until its
+(`filling.one_level`); a flow alone on every resource it crosses is rated without a search, by its shape
+(`_lone_flows`); large components' rates are remembered by shape. A flow occupies its links until its
 bytes are sent and is delivered `latency_s` (its route's latency) later.
 
 Works on any routing model with `route(src, dst) -> Route` and `capacity_bytes_per_s(resource) -> float`
@@ -135,6 +136,7 @@ class FlowNetwork:
         self._shapes: dict[tuple, int] = {}          # (route resources, rate cap) -> small id
         self._memo: dict[tuple[int, ...], tuple[float, ...]] = {}   # component shapes -> rates (_refresh)
         self._levels: dict[tuple, tuple[float, float]] = {}    # filling.one_level's share ranges
+        self._lone: dict[int, float] = {}            # shape id -> rate of a flow alone on its resources
         self._unit_of: dict[int, Unit] = {}         # rated flow id -> its unit (_components)
         self._stamp = 0                              # _components call counter (marks units taken whole)
 
@@ -366,16 +368,17 @@ class FlowNetwork:
         uses and the same order of flows and of resource ids (a cap resource's id, -1 - flow id, orders the caps
         as their flows), so the filling would repeat the same float operations and return the same rates.
         """
-        if not self._dirty:
+        dirty = self._dirty
+        if not dirty:
             return
-        components = self._components(self._dirty)
-        self._dirty.clear()
+        rated, seeds = self._lone_flows(dirty)
+        dirty.clear()
+        components = self._components(seeds) if seeds else ()
         now = self._now
         finish = self._finish
         memo = self._memo
         active_get = self._active.__getitem__
         inf = math.inf
-        changed: dict[float, list[tuple[int, int]]] = {}     # end of transmission -> (flow id, version)
         for found, resources in components:
             ids = sorted(found)
             flows = list(map(active_get, ids))
@@ -389,6 +392,9 @@ class FlowNetwork:
                     memo[key] = rates
             else:
                 rates = self._fill_component(ids, flows, resources)
+            rated.append((ids, flows, rates))
+        changed: dict[float, list[tuple[int, int]]] = {}     # end of transmission -> (flow id, version)
+        for ids, flows, rates in rated:
             for flow_id, active, rate in zip(ids, flows, rates):
                 remaining = active.remaining - active.rate * (now - active.updated_s)
                 if not remaining > 0.0:     # max(0.0, remaining)
@@ -411,6 +417,44 @@ class FlowNetwork:
             pushes += 1
             heappush(finish, (end, pushes, members))
         self._pushes = pushes
+
+    def _lone_flows(self, dirty: dict[int, None]) -> tuple[list[tuple[list[int], list[_Active], tuple[float]]],
+                                                            list[int]]:
+        """Rate the flows on `dirty` resources that are alone on every resource they cross: ([flow id], [its state],
+        (its rate,)) for each, and the busy resources of `dirty` that are none of theirs (in order), to search.
+
+        Such a flow is a component of its own, which the search would find and `one_level` rate: with one flow
+        every resource's share is capacity / times crossed, the least of them is tight, so `one_level` returns
+        exactly that least share (when positive and finite; else the search and filling rate it). It depends
+        only on the flow's shape, and is remembered by it. The flow gets the unit the search would give it: its
+        own intact unit if it has one (that unit is then this flow alone), else a new one. Idle resources are
+        left out of the seeds: the search skips them anyway.
+        """
+        on, capacity, unit_of, lone = self._on, self._capacity, self._unit_of, self._lone
+        active_get = self._active.__getitem__
+        busy = list(filter(on.__contains__, dirty))
+        found: list[tuple[list[int], list[_Active], tuple[float]]] = []
+        taken: set[int] = set()             # the resources of the flows rated here
+        for resource in busy:
+            crossing = on[resource]
+            if len(crossing) != 1 or resource in taken:
+                continue
+            flow_id = next(iter(crossing))
+            active = active_get(flow_id)
+            res = active.res
+            if len(res) > 1 and list(map(len, map(on.__getitem__, res))).count(1) != len(res):
+                continue
+            rate = lone.get(active.shape)
+            if rate is None:
+                rate = lone[active.shape] = min([capacity[r] / on[r][flow_id] for r in res])
+            if not 0.0 < rate < math.inf:
+                continue
+            unit = unit_of.get(flow_id)
+            if unit is None or unit.broken:
+                unit_of[flow_id] = Unit({flow_id}, set(res))
+            taken.update(res)
+            found.append(([flow_id], [active], (rate,)))
+        return found, [r for r in busy if r not in taken] if taken else busy
 
     def _fill_component(self, ids: list[int], flows: list[_Active], resources: Iterable[int]) -> tuple[float, ...]:
         """Rates of one component's flows (`ids` increasing, `flows` their states), in that order: one level when
