@@ -67,10 +67,14 @@ def predict(name: str, config: dict, framework: str = "torch") -> Levels:
         return peak
 
     walk(microbatch.forward)
+    if microbatch.sent_output is not None:
+        live -= tensors[microbatch.sent_output].nbytes     # megatron: released once sent (lower_multi)
     forward_end = live
     input_peak = walk(microbatch.backward)
     if microbatch.output is not None:
         live -= tensors[microbatch.output].nbytes          # released after I (lower_multi)
+    # The input gradient is sent after I and released when the send ends; torch's measurement drops it there.
+    live -= tensors[microbatch.input_grad].nbytes
     boundary = live
     weight_peak = walk(microbatch.weight)
     return Levels(forward_end, input_peak, boundary, weight_peak, live)

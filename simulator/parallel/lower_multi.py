@@ -10,7 +10,8 @@ Conventions (what is modelled and how):
   keeps (MicrobatchStage.output: torch, DeepSpeed) is freed after B or I.
 * Pipeline messages: after F the stage output is sent to the next stage, after B the input gradient
   to the previous one (SEND_STREAM, one stream per peer and kind so that sends to different peers do
-  not queue behind each other); a Recv (RECV_STREAM) is posted right before the action that needs it
+  not queue behind each other); the input gradient, and a stage output the runtime does not keep for
+  the backward (Megatron-LM), are freed by the send stream once the send has completed; a Recv (RECV_STREAM) is posted right before the action that needs it
   (as torch.distributed.pipelining does) and allocates the received tensor; the compute stream waits
   for it.
 * Tensor-parallel collectives (group "tp") run on COMM_STREAM and the compute stream waits for them
@@ -510,10 +511,17 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
     if step.op == "send":
         mb = mine[producer.chunk if producer.chunk is not None else _chunk_of(streams, schedule, producer.stage)] \
             .microbatches[producer.microbatch]
-        size = mb.output_bytes if kind == "activation" else mb.input_grad_bytes
+        if kind == "activation":
+            size, sent = mb.output_bytes, mb.sent_output
+        else:
+            size, sent = mb.input_grad_bytes, mb.input_grad
         ready = streams.event(f"send.{tag}")
         compute.append(signal(ready))
-        streams.stream(f"{SEND_STREAM}.{kind}").extend([wait_for(ready), Send(name, peer, float(size), tag, it)])
+        stream = streams.stream(f"{SEND_STREAM}.{kind}")
+        stream.extend([wait_for(ready), Send(name, peer, float(size), tag, it)])
+        if sent is not None:
+            # The runtime holds the tensor until its send has completed (the request keeps it alive).
+            stream.append(Free((sent,), f"{kind} sent"))
         return
     consumer = transfer.consumer
     chunk = consumer.chunk if consumer.chunk is not None else _chunk_of(streams, schedule, consumer.stage)
@@ -583,6 +591,8 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
                                  stage_input=None if mb.stage_input is None else mb.stage_input + offset,
                                  grad_output=None if mb.grad_output is None else mb.grad_output + offset,
                                  output=None if mb.output is None else mb.output + offset,
+                                 sent_output=None if mb.sent_output is None else mb.sent_output + offset,
+                                 input_grad=None if mb.input_grad is None else mb.input_grad + offset,
                                  low=mb.low + offset if mb.shift else 0)
                          for mb in workload.microbatches)
     return replace(workload, tensors=tensors, persistent=ids(workload.persistent),

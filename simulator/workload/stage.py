@@ -35,6 +35,7 @@ from simulator.workload.transformer import Checkpointing, Shape, TransformerBuil
 from simulator.workload.weight_split import RETAIN_GRAPH, WEIGHT_STORE, split_backward
 
 SEED_OP = "loss.backward_seed"
+INPUT_GRAD_NAME = "grad(stage_input)"      # the replay's name for the gradient of the received activation
 KEEPS_OUTPUT = ("torch", "deepspeed")      # frameworks whose pipeline runtime keeps a stage output until backward
 
 
@@ -68,9 +69,12 @@ class MicrobatchStage:
         output_bytes: bytes of the stage output (sent forward; 0 on the last stage).
         input_grad_bytes: bytes of the gradient of `stage_input` (sent backward; 0 on the first stage).
         output: the stage output when the runtime keeps it until the micro-batch's backward (B or I) —
-            torch.distributed.pipelining's fwd_cache, DeepSpeed's pipe_buffers —, else None: Megatron-LM
-            frees it once sent (`deallocate_pipeline_outputs`, which its training scripts set), as the
-            replayed forward does.
+            torch.distributed.pipelining's fwd_cache, DeepSpeed's pipe_buffers —, else None.
+        sent_output: the stage output when the runtime frees it once its send has completed — Megatron-LM's
+            `deallocate_pipeline_outputs`, which its training scripts set —, else None. Either way the forward
+            ops do not free it (the send reads it).
+        input_grad: the gradient of `stage_input`, freed once its send to the previous stage has completed
+            (the backward ops do not free it); None on the first stage.
         shift, low: how the ids of `forward` / `backward` map to this micro-batch's (0, 0: as they are).
         index: the micro-batch's index (its ops' `microbatch` once resolved).
     """
@@ -84,6 +88,8 @@ class MicrobatchStage:
     input_grad_bytes: int
     weight: tuple[Op, ...] = ()
     output: int | None = None
+    sent_output: int | None = None
+    input_grad: int | None = None
     # The recorded micro-batch whose ops a copy shares (-1: recorded, or given its own ops after copying).
     copy_of: int = field(default=-1, compare=False)
     shift: int = 0
@@ -160,6 +166,8 @@ class _Template:
             grad_output=None if mb.grad_output is None else moved(mb.grad_output),
             output=None if mb.output is None else moved(mb.output), output_bytes=mb.output_bytes,
             input_grad_bytes=mb.input_grad_bytes,
+            sent_output=None if mb.sent_output is None else moved(mb.sent_output),
+            input_grad=None if mb.input_grad is None else moved(mb.input_grad),
             copy_of=mb.copy_of if mb.copy_of >= 0 else self.index, shift=shift, low=low, index=index)
 
 
@@ -192,6 +200,19 @@ def _keep_output(forward: tuple[Op, ...], nbytes: int) -> tuple[tuple[Op, ...], 
         raise PlanError(f"stage workload: the forward's last op {last.name if last else None!r} does not release "
                         f"the stage output ({nbytes} bytes) as the replayed forward of a stage does")
     return forward[:-1] + (replace(last, frees=tuple(t for t in last.frees if t != output)),), output
+
+
+def _keep_input_grad(backward: tuple[Op, ...], tensors: dict[int, Tensor]) -> tuple[tuple[Op, ...], int]:
+    """The backward without the release of the stage input's gradient (the replay frees it, still held, with
+    its last op: autograd's `.grad` of the received leaf), and its id: the send to the previous stage reads it."""
+    last = backward[-1] if backward else None
+    grads = [t for t in last.frees if tensors[t].name == INPUT_GRAD_NAME] if last is not None else []
+    if len(grads) != 1:
+        raise PlanError(f"stage workload: the backward's last op {last.name if last else None!r} does not release "
+                        f"exactly one {INPUT_GRAD_NAME!r} (found {len(grads)}) as the replayed backward of a "
+                        f"stage does")
+    grad = grads[0]
+    return backward[:-1] + (replace(last, frees=tuple(t for t in last.frees if t != grad)),), grad
 
 
 def _split(ops: list[Op], keep_seed: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], int]:
@@ -324,9 +345,15 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
             tensors[received.id] = Tensor(received.id, "stage_input", received.nbytes, ACTIVATIONS,
                                           received.dtype, received.shape)
         forward, backward, seed = _split(replayed, keep_seed=spec.last)
-        output = None
-        if not spec.last and recipe.framework in KEEPS_OUTPUT:
-            forward, output = _keep_output(forward, loss.nbytes)
+        output = sent_output = input_grad = None
+        if not spec.last:
+            forward, kept = _keep_output(forward, loss.nbytes)
+            if recipe.framework in KEEPS_OUTPUT:
+                output = kept
+            else:
+                sent_output = kept
+        if received is not None:
+            backward, input_grad = _keep_input_grad(backward, tensors)
         offset = len(forward) + (0 if spec.last else 1)
         landing = {pid: max(0, k - offset) for pid, k in policy.landing.items()}
         weight: tuple[Op, ...] = ()
@@ -338,7 +365,8 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
         results.append(MicrobatchStage(
             forward=forward, backward=backward, weight=weight, inputs=tuple(ref.id for ref in declared),
             stage_input=None if received is None else received.id,
-            grad_output=None if spec.last else seed, output=output,
+            grad_output=None if spec.last else seed, output=output, sent_output=sent_output,
+            input_grad=input_grad,
             output_bytes=0 if spec.last else loss.nbytes,
             input_grad_bytes=0 if received is None else received.nbytes, index=j))
         end = max(max(tensors) + 1, tape.next_tensor_id)
