@@ -111,12 +111,13 @@ def test_the_lone_path_is_taken_and_agrees_on_a_seeded_sweep():
 
 
 def test_a_pipeline_scenario_reports_the_same_with_and_without_the_lone_path(monkeypatch):
-    """Pipeline sends over PCIe and their shadows, end to end: the report is the same to the last digit."""
+    """Pipeline sends over PCIe, end to end: the report is the same to the last digit."""
     from simulator.api import simulate
     from simulator.cli import report_json
-    from simulator.scenario import load_scenario
+    from simulator.scenario.loader import scenario_from_dict
+    from tests.test_stage_copies import _doc
 
-    scenario = ROOT / "scenarios" / "multi" / "llama7b-4x4090-pp4.toml"
+    scenario = scenario_from_dict(_doc(pp=4))
     rated = []
     lone_flows = FlowNetwork._lone_flows
 
@@ -126,8 +127,8 @@ def test_a_pipeline_scenario_reports_the_same_with_and_without_the_lone_path(mon
         return found, seeds
 
     monkeypatch.setattr(FlowNetwork, "_lone_flows", counted)
-    fast = report_json(simulate(load_scenario(scenario, []), timelines=False).report)
+    fast = report_json(simulate(scenario, timelines=False).report)
     assert rated                    # the scenario's sends were rated alone
     monkeypatch.setattr(FlowNetwork, "_lone_flows", lambda self, dirty: ([], list(dirty)))
-    searched = report_json(simulate(load_scenario(scenario, []), timelines=False).report)
+    searched = report_json(simulate(scenario, timelines=False).report)
     assert fast == searched
