@@ -203,15 +203,15 @@ def _keep_output(forward: tuple[Op, ...], nbytes: int) -> tuple[tuple[Op, ...], 
 
 
 def _keep_input_grad(backward: tuple[Op, ...], tensors: dict[int, Tensor]) -> tuple[tuple[Op, ...], int]:
-    """The backward without the release of the stage input's gradient (the replay frees it, still held, with
-    its last op: autograd's `.grad` of the received leaf), and its id: the send to the previous stage reads it."""
+    """The backward without the release of the stage input's gradient, and its id: the send to the previous stage
+    reads it. The replay releases it, still held (autograd's `.grad` of the received leaf), with the last op, after
+    that op's own releases — which may include gradients of the stage input merged into it by an accumulation."""
     last = backward[-1] if backward else None
     grads = [t for t in last.frees if tensors[t].name == INPUT_GRAD_NAME] if last is not None else []
-    if len(grads) != 1:
+    if not grads:
         raise PlanError(f"stage workload: the backward's last op {last.name if last else None!r} does not release "
-                        f"exactly one {INPUT_GRAD_NAME!r} (found {len(grads)}) as the replayed backward of a "
-                        f"stage does")
-    grad = grads[0]
+                        f"the {INPUT_GRAD_NAME!r} as the replayed backward of a stage does")
+    grad = grads[-1]
     return backward[:-1] + (replace(last, frees=tuple(t for t in last.frees if t != grad)),), grad
 
 
