@@ -162,6 +162,7 @@ class AllocatorBase:
         self._next_handle = 1
         self._allocated = self._reserved = self._requested = self._active = self._inactive_split = 0
         self._peak_allocated = self._peak_reserved = 0
+        self.last_block_bytes = 0           # block_bytes of the handle the last malloc returned (RankMemory)
 
     @property
     def events(self) -> list[AllocatorEvent]:
@@ -214,6 +215,7 @@ class AllocatorBase:
         handle = self._next_handle
         self._next_handle += 1
         self._zero.add(handle)
+        self.last_block_bytes = 0
         return handle
 
     def _unknown(self, what: str, handle: int) -> None:
@@ -277,6 +279,7 @@ class ExactAllocator(AllocatorBase):
         handle = self._next_handle
         self._next_handle += 1
         self._live[handle] = (addr, nbytes, stream, op, tensor, category)
+        self.last_block_bytes = nbytes
         self._allocated += nbytes
         self._requested += nbytes
         self._reserved += nbytes

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import operator
 from bisect import bisect_left, insort
+from operator import index as _index
 
 from simulator.engine.allocator import (ADDRESS_BITS, ADDRESS_MASK, SMALL_SIZE_BYTES, AddressSpace, AllocatorBase,
                                         OutOfMemory)
@@ -149,7 +149,7 @@ class CachingAllocator(AllocatorBase):
         Raises:
             OutOfMemory: no cached block fits and no new segment fits, even after releasing the cache.
         """
-        nbytes = operator.index(nbytes)
+        nbytes = _index(nbytes)
         if nbytes <= 0:
             return self._zero_handle(nbytes)
         if self._divisions is None:
@@ -158,11 +158,26 @@ class CachingAllocator(AllocatorBase):
             size = round_size(nbytes, self._divisions)
         small = size <= SMALL_SIZE_BYTES
         info = (op, tensor, category)
-        free = self._free.get(2 * stream + small)
-        block = self._take_free_block(free, size) if free else None
+        key = 2 * stream + small
+        free = self._free.get(key)
+        block = None
+        if free:
+            if self._expandable:
+                block = self._take_free_block(free, size)
+            else:
+                # _take_free_block without expandable segments, inlined (the hot path of a big run)
+                i = bisect_left(free, size << ADDRESS_BITS)
+                if i < len(free):
+                    entry = free[i]
+                    bsize = entry >> ADDRESS_BITS
+                    max_split = self._max_split
+                    if (size >= max_split or bsize < max_split) \
+                            and (size < max_split or bsize < size + MAX_NON_SPLIT_ROUNDING_BYTES):
+                        del free[i]
+                        block = self._free_at.pop(entry & ADDRESS_MASK)
         if block is None:
             block = self._new_block(size, small, stream, nbytes, time_s, info)
-            free = self._free.get(2 * stream + small)
+            free = self._free.get(key)
         remaining = block.size - size
         if small or self._expandable:
             split = remaining >= MIN_BLOCK_BYTES
@@ -172,27 +187,35 @@ class CachingAllocator(AllocatorBase):
         if split:
             addr = block.addr + size
             rest = _Block(addr, remaining, block.seg)
-            _link_after(block, rest)
+            nxt = rest.next = block.next     # _link_after(block, rest), inlined
+            if nxt is not None:
+                nxt.prev = rest
+            rest.prev = block
+            block.next = rest
             block.size = size
             if free is None:
-                free = self._free[2 * stream + small] = []
+                free = self._free[key] = []
             insort(free, (remaining << ADDRESS_BITS) | addr)
             self._free_at[addr] = rest
             if not self._expandable:
                 self._inactive_split += -size if already_split else remaining
         elif already_split and not self._expandable:
             self._inactive_split -= block.size
+            size = block.size
+        else:
+            size = block.size
         block.state = ALLOCATED
         block.requested = nbytes
         block.info = info
         handle = self._next_handle
-        self._next_handle += 1
+        self._next_handle = handle + 1
         self._live[handle] = block
-        self._allocated += block.size
-        self._active += block.size
+        self.last_block_bytes = size
+        allocated = self._allocated = self._allocated + size
+        self._active += size
         self._requested += nbytes
-        if self._allocated > self._peak_allocated:
-            self._peak_allocated = self._allocated
+        if allocated > self._peak_allocated:
+            self._peak_allocated = allocated
         if self._log is not None:
             self._log.append("alloc", block.addr, nbytes, stream, time_s, op, tensor, category)
         return handle
@@ -204,6 +227,14 @@ class CachingAllocator(AllocatorBase):
             return self._unknown("free", handle)
         self._allocated -= block.size
         self._requested -= block.requested
+        if self._log is None and not pending_streams:
+            # _free_block without events, inlined (the hot path of a big run)
+            self._active -= block.size
+            block.state = FREE
+            block.requested = 0
+            block.info = _NO_INFO
+            self._insert_free(block)
+            return None
         stream = block.seg.stream
         if self._log is not None:
             a_op, tensor, category = block.info
@@ -255,7 +286,8 @@ class CachingAllocator(AllocatorBase):
     def state_key(self, owners: dict[int, object]) -> tuple:
         """Everything later calls depend on, with live blocks named by `owners` (handle -> label) instead of
         handles and op names: equal keys mean equal futures for equally named calls (engine/repeats.py)."""
-        owner_at = {self._live[h].addr: label for h, label in owners.items() if h in self._live}
+        live = self._live
+        owner_at = {live[h].addr: label for h, label in owners.items() if h in live}
         segments = []
         for addr in sorted(self._segments):
             seg = self._segments[addr]
@@ -311,9 +343,10 @@ class CachingAllocator(AllocatorBase):
     def _insert_free(self, block: _Block) -> _Block:
         """Merge a free mapped block with free mapped neighbours and put it in its free list."""
         free_at = self._free_at
-        free = self._free.get(block.seg.key)
+        seg = block.seg
+        free = self._free.get(seg.key)
         if free is None:
-            free = self._free[block.seg.key] = []
+            free = self._free[seg.key] = []
         delta = 0
         prev = block.prev
         if prev is not None and prev.state == FREE and prev.mapped:
@@ -330,7 +363,7 @@ class CachingAllocator(AllocatorBase):
             _absorb_next(block)
         insort(free, (block.size << ADDRESS_BITS) | block.addr)
         free_at[block.addr] = block
-        if not block.seg.page:
+        if not seg.page:
             if block.prev is not None or block.next is not None:
                 delta += block.size
             self._inactive_split += delta

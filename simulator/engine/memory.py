@@ -8,11 +8,11 @@ from simulator.engine.allocator import Allocator, OutOfMemory
 from simulator.engine.repeats import ALLOC, BOUNDARY, FREE, RecordedCall, Recording, Skipping, absolute, relative
 from simulator.parallel.program import Collective, Period
 from simulator.trace.records import OomInfo
-from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
+from simulator.workload.graph import CATEGORIES, Tensor
 
-new_tuple = tuple.__new__     # a named tuple without its Python-level __new__ (hot path)
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 UNBOUNDED_BYTES = 1 << 44     # capacity after an OOM (16 TiB): keep simulating to measure the requirement
+_NONE_HASH = hash(None)       # a boundary's digest when its state is not computed
 
 
 class RankMemory:
@@ -45,13 +45,35 @@ class RankMemory:
     def run_allocate(self, op_ids: tuple[int, ...], shift: int, low: int, stream: str, time_s: float,
                      op: str) -> None:
         """allocate() for a Run: its op's ids, those >= low moved by shift (a micro-batch copy)."""
-        if self._skipping is None or not self._replayed_run(ALLOC, op_ids, shift, self.stream_ids[stream], time_s, op):
-            self.allocate(moved_ids(op_ids, shift, low) if shift else op_ids, stream, time_s, op, (op_ids, shift))
+        stream_id = self.stream_ids[stream]
+        if self._skipping is not None:
+            if self._replayed_run(ALLOC, op_ids, shift, stream_id, time_s, op):
+                return
+            ids = _moved(op_ids, shift, low)
+            if self._replayed(ALLOC, ids, stream_id, time_s, op):
+                return
+        else:
+            ids = _moved(op_ids, shift, low)
+        # allocate(), without its first steps done above (hot path)
+        log = self.allocator._log
+        log_start = len(log._raw) if log is not None else 0
+        self._allocate(ids, stream_id, time_s, op)
+        self._after(ALLOC, ids, stream_id, time_s, op, log_start, op_ids, shift)
 
     def run_free(self, op_ids: tuple[int, ...], shift: int, low: int, time_s: float, op: str) -> None:
         """free() for a Run (see run_allocate)."""
-        if self._skipping is None or not self._replayed_run(FREE, op_ids, shift, 0, time_s, op):
-            self.free(moved_ids(op_ids, shift, low) if shift else op_ids, time_s, op, (op_ids, shift))
+        if self._skipping is not None:
+            if self._replayed_run(FREE, op_ids, shift, 0, time_s, op):
+                return
+            ids = _moved(op_ids, shift, low)
+            if self._replayed(FREE, ids, 0, time_s, op):
+                return
+        else:
+            ids = _moved(op_ids, shift, low)
+        log = self.allocator._log
+        log_start = len(log._raw) if log is not None else 0
+        self._free(ids, time_s, op)
+        self._after(FREE, ids, 0, time_s, op, log_start, op_ids, shift)
 
     def _replayed_run(self, kind: int, op_ids: tuple[int, ...], shift: int, stream_id: int, time_s: float,
                       op: str) -> bool:
@@ -84,53 +106,47 @@ class RankMemory:
         else:
             self.run_free(moved[1], moved[2], moved[3], time_s, collective.name)
 
-    def allocate(self, tensor_ids: tuple[int, ...], stream: str, time_s: float, op: str,
-                 template: tuple | None = None) -> None:
+    def allocate(self, tensor_ids: tuple[int, ...], stream: str, time_s: float, op: str) -> None:
         """Allocate tensors in order (an OOM is recorded, then the limit is lifted and the run goes on)."""
         stream_id = self.stream_ids[stream]
         if self._skipping is not None and self._replayed(ALLOC, tensor_ids, stream_id, time_s, op):
             return
-        if self._recording is None:
-            self._allocate(tensor_ids, stream_id, time_s, op)
-            self._sample(time_s, op)
-            return
-        log = self._log_start()
+        log = self.allocator._log
+        log_start = len(log._raw) if log is not None else 0
         self._allocate(tensor_ids, stream_id, time_s, op)
-        self._sample(time_s, op)
-        self._record(ALLOC, tensor_ids, stream_id, op, log, template)
+        self._after(ALLOC, tensor_ids, stream_id, time_s, op, log_start, None, 0)
 
     def _allocate(self, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str) -> None:
         allocator = self.allocator
+        malloc = allocator.malloc
         tensors, handles, bytes_of, by_category = self.tensors, self.handles, self.bytes_of, self.by_category
+        measuring, peaks = self.measuring, self.category_peaks
         for tid in tensor_ids:
             tensor = tensors[tid]
             try:
-                handle = allocator.malloc(tensor.nbytes, stream_id, time_s, op, tensor.name,
-                                          tensor.category)
+                handle = malloc(tensor.nbytes, stream_id, time_s, op, tensor.name, tensor.category)
             except OutOfMemory as error:
                 # Record the first failure, then lift the limit and go on: the run still tells
                 # the user how much memory the job would need and where the rest of it goes.
                 if self.first_oom is None:
                     self.first_oom = self.oom_info(error, time_s, op, tid)
                 allocator.capacity_bytes = UNBOUNDED_BYTES
-                handle = allocator.malloc(tensor.nbytes, stream_id, time_s, op, tensor.name,
-                                          tensor.category)
+                handle = malloc(tensor.nbytes, stream_id, time_s, op, tensor.name, tensor.category)
             handles[tid] = handle
-            size = bytes_of[tid] = allocator.block_bytes(handle)
+            size = bytes_of[tid] = allocator.last_block_bytes     # block_bytes(handle)
             index = _CATEGORY_INDEX[tensor.category]
-            by_category[index] += size
-            if self.measuring and by_category[index] > self.category_peaks[index]:
-                self.category_peaks[index] = by_category[index]
+            total = by_category[index] = by_category[index] + size
+            if measuring and total > peaks[index]:
+                peaks[index] = total
 
-    def free(self, tensor_ids: tuple[int, ...], time_s: float, op: str, template: tuple | None = None) -> None:
+    def free(self, tensor_ids: tuple[int, ...], time_s: float, op: str) -> None:
         """Free tensors (unknown or already freed ids are a program error)."""
         if self._skipping is not None and self._replayed(FREE, tensor_ids, 0, time_s, op):
             return
-        log = self._log_start() if self._recording is not None else 0
+        log = self.allocator._log
+        log_start = len(log._raw) if log is not None else 0
         self._free(tensor_ids, time_s, op)
-        self._sample(time_s, op)
-        if self._recording is not None:
-            self._record(FREE, tensor_ids, 0, op, log, template)
+        self._after(FREE, tensor_ids, 0, time_s, op, log_start, None, 0)
 
     def _free(self, tensor_ids: tuple[int, ...], time_s: float, op: str) -> None:
         free, tensors, handles, bytes_of, by_category = (self.allocator.free, self.tensors, self.handles,
@@ -138,6 +154,32 @@ class RankMemory:
         for tid in tensor_ids:
             free(handles.pop(tid), time_s, op)
             by_category[_CATEGORY_INDEX[tensors[tid].category]] -= bytes_of.pop(tid)
+
+    def _after(self, kind: int, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str,
+               log_start: int, op_ids: tuple[int, ...] | None, shift: int) -> None:
+        """After a call the allocator made: the sample, the peaks and, while recording, the recorded call (with a
+        Run's op ids before moving and its shift; None and 0 for other calls)."""
+        allocator = self.allocator
+        allocated = allocator._allocated      # allocated_bytes, reserved_bytes (AllocatorBase)
+        reserved = allocator._reserved
+        breakdown = None
+        if self.record_timeline:
+            breakdown = tuple(self.by_category)
+            self.samples += (time_s, allocated, reserved, breakdown)
+        if self.measuring:
+            if allocated > self.peak_allocated:
+                self.peak_allocated = allocated
+                self.peak_time_s = time_s
+                self.peak_op = op
+                self.peak_breakdown = breakdown = breakdown or tuple(self.by_category)
+            if reserved > self.peak_reserved:
+                self.peak_reserved = reserved
+        recording = self._recording
+        if recording is not None:
+            log = allocator._log
+            recording.calls.append((     # raw: a plain tuple of RecordedCall's fields, absolute ids and shift
+                kind, tensor_ids, stream_id, op, allocated, reserved, breakdown or tuple(self.by_category),
+                tuple(log._raw[log_start:]) if log is not None else (), op_ids, shift))
 
     # repeated periods (engine/repeats.py) --------------------------------------------------------
     def boundary(self, boundary: Period) -> None:
@@ -158,12 +200,14 @@ class RankMemory:
             recording = self._recording = Recording(boundary)
         summary = (boundary.key, tuple(self.by_category), len(self.handles))
         state = None
+        digest = _NONE_HASH
         if recording.worth_comparing(summary):
-            labels = {self.handles[tid]: label
-                      for tid, label in zip(self.handles, relative(tuple(self.handles), boundary.shift,
-                                                                   boundary.low, boundary.high))}
+            handles = self.handles
+            labels = dict(zip(handles.values(), relative(tuple(handles), boundary.shift, boundary.low,
+                                                         boundary.high)))
             state = (tuple(sorted(labels.values())), self.allocator.state_key(labels))
-            period = recording.period_to(summary, state, boundary)
+            digest = hash(state)
+            period = recording.period_to(summary, state, boundary, digest)
             if period is not None:
                 calls, step = period
                 self._skipping = Skipping(boundary, calls, step, self.by_category)
@@ -172,7 +216,7 @@ class RankMemory:
         if self.boundaries_left == 0:
             self._recording = None         # no boundary is left to end a period: recording is useless
             return
-        recording.mark(summary, state, boundary)
+        recording.mark(summary, state, boundary, digest)
 
     def catch_up(self) -> None:
         """Bring the frozen allocator to where the replayed calls left it (before it is read or called)."""
@@ -221,7 +265,7 @@ class RankMemory:
         return False
 
     def _replay(self, call: RecordedCall, time_s: float, op: str) -> None:
-        """Take the recorded outcome of the next call of the period (what _sample does, inlined: hot path)."""
+        """Take the recorded outcome of the next call of the period (what _after does, inlined: hot path)."""
         self._skipping.position += 1
         self.by_category = by_category = call.by_category   # a tuple while replaying; catch_up makes it a list
         if call.events:
@@ -249,45 +293,12 @@ class RankMemory:
             event_op = op if event[5] == call.op else event[5]
             append(*event[:4], time_s, event_op, *event[6:])
 
-    def _log_start(self) -> int:
-        log = self.allocator._log
-        return len(log._raw) if log is not None else 0
-
-    def _record(self, kind: int, tensor_ids: tuple[int, ...], stream_id: int, op: str,
-                log_start: int, template: tuple | None) -> None:
-        recording = self._recording
-        log = self.allocator._log
-        events = tuple(log._raw[log_start:]) if log is not None else ()
-        op_ids, shift = template if template is not None else (None, 0)
-        recording.calls.append(new_tuple(RecordedCall, (     # raw: absolute ids and shift (Recording)
-            kind, tensor_ids, stream_id, op,
-            self.allocator.allocated_bytes, self.allocator.reserved_bytes, tuple(self.by_category),
-            events, op_ids, shift)))
-
-    def _sample(self, time_s: float, op: str) -> None:
-        allocated = self.allocator.allocated_bytes
-        reserved = self.allocator.reserved_bytes
-        if self.record_timeline:
-            self.samples += (time_s, allocated, reserved, tuple(self.by_category))
-        if self.measuring:
-            if allocated > self.peak_allocated:
-                self.peak_allocated = allocated
-                self.peak_time_s = time_s
-                self.peak_op = op
-                self.peak_breakdown = tuple(self.by_category)
-            if reserved > self.peak_reserved:
-                self.peak_reserved = reserved
-
     def start_measuring(self) -> None:
         """Reset peaks (torch.cuda.reset_peak_memory_stats) at the start of the measured iterations."""
         self.catch_up()
         self.measuring = True
-        self.peak_allocated = -1
         self.peak_reserved = self.allocator.reserved_bytes
         self.category_peaks = list(self.by_category)
-        self._sample_peak_now()
-
-    def _sample_peak_now(self) -> None:
         self.peak_allocated = self.allocator.allocated_bytes
         self.peak_breakdown = tuple(self.by_category)
 
@@ -301,3 +312,13 @@ class RankMemory:
             reserved_bytes=error.reserved_bytes, capacity_bytes=error.capacity_bytes,
             live_by_category={name: self.by_category[i] for i, name in enumerate(CATEGORIES)},
             largest_live=tuple(live[:10]))
+
+
+def _moved(ids: tuple[int, ...], shift: int, low: int) -> tuple[int, ...]:
+    """workload.graph.moved_ids, with a short way for one id (most calls)."""
+    if not shift:
+        return ids
+    if len(ids) == 1:
+        v = ids[0]
+        return (v + shift,) if v >= low else ids
+    return tuple([v + shift if v >= low else v for v in ids])

@@ -69,23 +69,23 @@ def absolute(ids: tuple[int, ...], reference: int) -> tuple[int, ...]:
 
 
 def rebase(calls: list, reference: int, low: int, high: int) -> list:
-    """A recording's raw calls (absolute ids and shifts, as Recording keeps them) made relative to `reference`."""
+    """A recording's raw calls (plain tuples with absolute ids and shifts, as Recording keeps them) made relative
+    to `reference`."""
     out = []
     for call in calls:
-        if call.kind == BOUNDARY:
+        if type(call) is RecordedBoundary:
             out.append(RecordedBoundary(call.key, call.shift - reference))
         else:
-            delta = call.delta - reference if call.template is not None else 0
-            out.append(RecordedCall(call.kind, relative(call.ids, reference, low, high), call.stream, call.op,
-                                    call.allocated, call.reserved, call.by_category, call.events,
-                                    call.template, delta))
+            kind, ids, stream, op, allocated, reserved, by_category, events, template, shift = call
+            out.append(RecordedCall(kind, relative(ids, reference, low, high), stream, op, allocated, reserved,
+                                    by_category, events, template, shift - reference if template is not None else 0))
     return out
 
 
 class Recording:
-    """The calls since the oldest of the last MAX_BOUNDARIES boundaries, raw: RecordedCall with absolute ids and,
-    in `delta`, a Run's absolute shift; RecordedBoundary with its absolute shift (`rebase` makes a period of them
-    relative, once, when one is found: most recorded calls never are)."""
+    """The calls since the oldest of the last MAX_BOUNDARIES boundaries, raw: plain tuples of RecordedCall's fields
+    with absolute ids and, in `delta`, a Run's absolute shift; RecordedBoundary with its absolute shift (`rebase`
+    makes a period of them relative RecordedCalls, once, when one is found: most recorded calls never are)."""
 
     __slots__ = ("low", "high", "calls", "marks")
 
@@ -99,19 +99,19 @@ class Recording:
         only then is the full state computed (a growing phase, like GPipe's forwards, never pays for it)."""
         return any(mark[0] == summary for mark in self.marks)
 
-    def period_to(self, summary: tuple, state: tuple, boundary: Period) -> tuple[list, int] | None:
-        """If `state` was seen at a kept boundary: the calls since then (relative to its shift), and the shift
-        distance; else None."""
-        digest = hash(state)
+    def period_to(self, summary: tuple, state: tuple, boundary: Period, digest: int) -> tuple[list, int] | None:
+        """If `state` (whose hash is `digest`) was seen at a kept boundary: the calls since then (relative to its
+        shift), and the shift distance; else None."""
         for mark_summary, h, key, shift, index in self.marks:
             if key is not None and h == digest and mark_summary == summary and shift != boundary.shift \
                     and key == state:
                 return rebase(self.calls[index:], shift, self.low, self.high), boundary.shift - shift
         return None
 
-    def mark(self, summary: tuple, state: tuple | None, boundary: Period) -> None:
-        """Keep this boundary (dropping the oldest beyond MAX_BOUNDARIES); `state` None: not computed."""
-        self.marks.append((summary, hash(state), state, boundary.shift, len(self.calls)))
+    def mark(self, summary: tuple, state: tuple | None, boundary: Period, digest: int) -> None:
+        """Keep this boundary (dropping the oldest beyond MAX_BOUNDARIES); `state` None: not computed; `digest`:
+        hash(state) (hashing a whole allocator state once per boundary is enough)."""
+        self.marks.append((summary, digest, state, boundary.shift, len(self.calls)))
         self.calls.append(RecordedBoundary(boundary.key, boundary.shift))
         if len(self.marks) > MAX_BOUNDARIES:
             del self.marks[0]
