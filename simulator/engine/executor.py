@@ -17,7 +17,7 @@ from simulator import lifetime
 from simulator.engine.allocator import Allocator
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
-from simulator.engine.timelines import SampleColumns, SpanColumns, comm_span_info
+from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.errors import DeadlockError, PlanError, TopologyError
 from simulator.parallel.program import (Alloc, Blocking, Collective, Free, Mark, Period, Program, Recv, Run,
                                         Send, Signal, WaitFor)
@@ -370,13 +370,10 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             network = world.network(rank, instruction)
             if kind is Collective:
                 pending = network.collective(rank, instruction)
-                span_kind = instruction.kind
             elif kind is Send:
                 pending = network.send(rank, instruction)
-                span_kind = "send"
             else:
                 pending = network.recv(rank, instruction)
-                span_kind = "recv"
             if not pending.done.triggered:
                 state.blocked[stream] = (index - 1, instruction, pending)
             yield pending.done
@@ -385,7 +382,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             quiet = None
             state.blocked.pop(stream, None)
             started = pending.start_s
-            _record_comm(state, stream, instruction, span_kind, started, now, record_spans)
+            _record_comm(state, stream, instruction, started, now, record_spans)
             if stream == COMPUTE_STREAM and now > started:
                 state.exposed_intervals.append((started, now))
     for parked in list(state.parked) if stream == COMPUTE_STREAM else ():
@@ -512,7 +509,7 @@ def _post_blocking(env: _Environment, state: RankState, world: _World, instructi
     pending = world.network(rank, collective).collective(rank, collective)
     state.blocked[COMPUTE_STREAM] = (index, instruction, pending)
     yield pending.done
-    _record_comm(state, name, collective, collective.kind, pending.start_s, env.now, record_spans)
+    _record_comm(state, name, collective, pending.start_s, env.now, record_spans)
     env.trigger_at(resume, env.now)
 
 
@@ -543,14 +540,15 @@ def _inline_blocking(state: RankState, world: _World, collective, name: str, now
     return now_s + duration
 
 
-def _record_comm(state: RankState, stream: str, instruction, span_kind: str, start_s: float, end_s: float,
+def _record_comm(state: RankState, stream: str, instruction, start_s: float, end_s: float,
                  record_spans: bool) -> None:
-    """A transfer of `stream` that ended: its communication interval, its span and a collective's frees."""
+    """A transfer of `stream` that ended: its communication interval, its span (the instruction is its info:
+    engine/timelines.py) and a collective's frees."""
     if end_s > start_s:
         state.comm_intervals.append((start_s, end_s))
         state.stream_transfers.setdefault(stream, []).append((start_s, end_s))
     if record_spans:
-        state.spans[stream] += (comm_span_info(state.program.rank, stream, instruction, span_kind), start_s, end_s)
+        state.spans[stream] += (instruction, start_s, end_s)
     if type(instruction) is Collective and instruction.frees:
         state.memory.collective_free(instruction, end_s)
 
@@ -559,7 +557,7 @@ def _record_inline(state: RankState, name: str, collective, start_s: float, end_
                    record_spans: bool) -> None:
     """An inlined collective's end, in the normal path's order: its stream's intervals, span and frees, then the
     compute stream's exposure."""
-    _record_comm(state, name, collective, collective.kind, start_s, end_s, record_spans)
+    _record_comm(state, name, collective, start_s, end_s, record_spans)
     if end_s > start_s:
         state.exposed_intervals.append((start_s, end_s))     # the compute stream waited all along
 

@@ -18,12 +18,12 @@ copied. Results are identical to running it (tests/test_stretches.py compares th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import accumulate
+from dataclasses import dataclass, field
+from itertools import accumulate, repeat
+from operator import gt, is_, itemgetter
 from typing import TYPE_CHECKING
 
 from simulator.engine.rank_state import COMPUTE_STREAM
-from simulator.engine.timelines import comm_span_info
 from simulator.parallel.program import Blocking, Run, Signal
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class StretchRecord:
     durations: tuple                  # per step (a run or a collective), the time it adds
     span_runs: tuple                  # per run: the recorded Run, a span's info (only its op and iteration are read)
     span_steps: tuple                 # per run: its step (the span is times[step], times[step + 1])
-    comm: tuple                       # per inlined collective: (stream, step, span info)
+    comm: tuple                       # per inlined collective: (stream, step, span info: the recorded collective)
     sample_steps: tuple               # per memory call: the index of its time in the stretch's times
     sample_ops: tuple                 # per memory call: the op name passed to the sample
     streams: tuple                    # inlined streams, in order of first use
@@ -57,28 +57,65 @@ class StretchRecord:
     allocated_peak: int = 0           # the index of the first call with the largest allocated bytes,
     reserved_peak: int = 0            # and the largest reserved bytes
     sample_fields: tuple = ((), (), ())    # the calls' allocated, reserved and by_category
+    # derived in __post_init__, to apply and match the record at C speed
+    run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
+                                               # iterations, lows)
+    span_times: tuple = field(init=False)      # pickers of the runs' start and end times from the stretch's times
+    sample_times: object = field(init=False)   # picker of the memory calls' times
+    comm_streams: tuple = field(init=False)    # per inlined stream: (name, start and end time pickers, infos)
+    cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of each collective after a Signal, in order
+
+    def __post_init__(self) -> None:
+        positions, ops, durations, iterations, lows = zip(*self.runs)
+        self.run_columns = (_picker(positions), ops, durations, iterations, lows)
+        self.span_times = (_picker(self.span_steps), _picker([step + 1 for step in self.span_steps]))
+        self.sample_times = _picker(self.sample_steps)
+        groups: dict[str, list] = {}
+        for name, step, info in self.comm:
+            groups.setdefault(name, []).append((step, info))
+        self.comm_streams = tuple((name, _picker([step for step, _ in mine]), _picker([step + 1 for step, _ in mine]),
+                                   tuple(info for _, info in mine)) for name, mine in groups.items())
+        self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None)
 
     def run_spans(self, times: list[float]) -> list:
         """The compute stream's flat span triples of this stretch started at times[0]."""
-        flat = [None] * (3 * len(self.span_runs))
-        flat[0::3] = self.span_runs
-        flat[1::3] = [times[step] for step in self.span_steps]
-        flat[2::3] = [times[step + 1] for step in self.span_steps]
-        return flat
+        starts, ends = self.span_times
+        return _flat(self.span_runs, starts(times), ends(times))
 
     def comm_spans(self, times: list[float], stream: str) -> list:
         """Stream `stream`'s flat span triples of this stretch's inlined collectives."""
-        return [x for name, step, info in self.comm if name == stream for x in (info, times[step], times[step + 1])]
+        for name, starts, ends, infos in self.comm_streams:
+            if name == stream:
+                return _flat(infos, starts(times), ends(times))
+        return []
 
     def samples(self, times: list[float]) -> list:
         """The flat memory samples of this stretch's calls."""
         allocated, reserved, categories = self.sample_fields
         flat = [None] * (4 * len(allocated))
-        flat[0::4] = [times[at] for at in self.sample_steps]
+        flat[0::4] = self.sample_times(times)
         flat[1::4] = allocated
         flat[2::4] = reserved
         flat[3::4] = categories
         return flat
+
+
+def _picker(indices) -> itemgetter:
+    """A function of a sequence giving the tuple of its items at `indices` (itemgetter, also for 0 or 1 index)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    if indices:
+        return itemgetter(slice(indices[0], indices[0] + 1))      # a one-item tuple of a tuple, a list of a list
+    return itemgetter(slice(0, 0))
+
+
+def _flat(infos: tuple, starts, ends) -> list:
+    """Flat (info, start_s, end_s) span triples."""
+    flat = [None] * (3 * len(infos))
+    flat[0::3] = infos
+    flat[1::3] = starts
+    flat[2::3] = ends
+    return flat
 
 
 class Stretches:
@@ -104,12 +141,8 @@ class Stretches:
         end = index + record.length
         if end > len(instructions):
             return None
-        shift = first.shift
-        for position, op, duration_s, iteration, low in record.runs:
-            run = instructions[index + position]
-            if type(run) is not Run or run.op is not op or run.duration_s != duration_s or run.shift != shift \
-                    or run.iteration != iteration or run.low != low:
-                return None
+        if not _runs_match(record.run_columns, instructions[index:end], first.shift):
+            return None
         starts = self._inline_starts(state, network, instructions, index, record)
         if starts is None:
             return None
@@ -172,18 +205,21 @@ class Stretches:
             state.comm_streams[name] = None
             if state.cursor.get(name) is None:
                 state.parked[name] = streams[name][starts[name]].event
-        for name, step, info in record.comm:
-            state.comm_streams[name] = None
-            start, end = times[step], times[step + 1]
-            if end > start:
-                state.comm_intervals.append((start, end))
-                state.stream_transfers.setdefault(name, []).append((start, end))
-                state.exposed_intervals.append((start, end))
+        # Per stream, in order (the interval lists are sorted at the end: only each stream's transfers keep an order).
+        for name, pick_starts, pick_ends, infos in record.comm_streams:
+            begins, ends = pick_starts(times), pick_ends(times)
+            if all(map(gt, ends, begins)):
+                pairs = list(zip(begins, ends))
+            else:
+                pairs = [pair for pair in zip(begins, ends) if pair[1] > pair[0]]
+            if pairs:
+                state.comm_intervals += pairs
+                state.stream_transfers.setdefault(name, []).extend(pairs)
+                state.exposed_intervals += pairs
             if state.record_spans:
-                state.spans[name] += (info, start, end)
-        for position, name, dk, *_ in record.inlines:
-            if dk is not None:
-                state.cursor[name] = starts[name] + dk + 3
+                state.spans[name] += _flat(infos, begins, ends)
+        for name, offset in record.cursor_moves:
+            state.cursor[name] = starts[name] + offset
         if network is not None:
             network.isolated_operations += record.isolated
             network.shadows_dropped += record.dropped
@@ -273,7 +309,6 @@ class Stretches:
         """The record of instructions[index:end] (runs, inlined Signal/WaitFor pairs and Blocking collectives), or
         None if it has
         anything a record cannot reproduce."""
-        rank = state.program.rank
         shift = instructions[index].shift
         runs, inlines, durations, span_runs, span_steps, comm, sample_steps, sample_ops = [], [], [], [], [], [], [], []
         first_k: dict[str, int] = {}
@@ -284,8 +319,8 @@ class Stretches:
             step = len(durations)
             if type(instruction) is Run:
                 op = instruction.op
-                if instruction.shift != shift or instruction.duration_s < 0:
-                    return None
+                if instruction.shift != shift or not instruction.duration_s >= 0:
+                    return None          # (nor NaN: _runs_match compares durations as tuples, identity first)
                 runs.append((position - index, op, instruction.duration_s, instruction.iteration, instruction.low))
                 durations.append(instruction.duration_s if instruction.duration_s > 0 else 0.0)
                 span_runs.append(instruction)
@@ -312,7 +347,7 @@ class Stretches:
                 inlines.append((position - index, name, dk, collective.kind, collective.group, collective.size_bytes,
                                 tensors))
                 durations.append(duration)
-                comm.append((name, step, comm_span_info(rank, name, collective, collective.kind)))
+                comm.append((name, step, collective))
                 _calls(collective, step, sample_steps, sample_ops)
                 position += width
             else:
@@ -338,6 +373,19 @@ class Stretches:
                              category_max, allocated.index(max(allocated)) if calls else 0,
                              max((call.reserved for call in calls), default=0),
                              (allocated, [call.reserved for call in calls], [call.by_category for call in calls]))
+
+
+def _runs_match(columns: tuple, stretch, shift: int) -> bool:
+    """Whether the runs of `stretch` (the instructions a record would consume) are the record's: Run instructions
+    of the same ops (by identity), durations, iterations and lows, all with shift `shift`. Equal to comparing
+    field by field: recorded durations are never NaN, so tuple equality (identity first) is value equality."""
+    pick, ops, durations, iterations, lows = columns
+    runs = pick(stretch)
+    if not all(map(is_, map(type, runs), repeat(Run))):
+        return False
+    new_ops, new_durations, new_iterations, shifts, new_lows = zip(*runs)
+    return new_durations == durations and all(map(is_, new_ops, ops)) and new_iterations == iterations \
+        and new_lows == lows and shifts.count(shift) == len(shifts)
 
 
 def _calls(op_or_collective, step: int, sample_steps: list[int], sample_ops: list[str]) -> None:

@@ -3,7 +3,8 @@
 A cluster-scale run records millions of spans and samples. Making an object for each costs more than the
 simulation step that produced it (a big heap makes every allocation slow), and a `--json` report only sums
 spans and never reads samples. So each stream's spans are kept as one flat list of (info, start_s, end_s)
-triples, info being the Run instruction or a (fields before start_s, fields after end_s) pair, and a rank's
+triples, info being the Run instruction, the communication instruction (Collective, Send, Recv: the span's
+kind is the collective's, "send" or "recv"), or a (fields before start_s, fields after end_s) pair, and a rank's
 samples as one flat list of (time_s, allocated, reserved, by_category) quadruples; the trace holds sequences
 that build the objects on first read (`Recorded`). The report sums span durations straight from the columns.
 """
@@ -16,16 +17,28 @@ from operator import attrgetter
 
 import numpy as np
 
-from simulator.parallel.program import Run
+from simulator.parallel.program import Collective, Recv, Run, Send
 from simulator.trace.records import COMM_PHASE, MemorySample, Span
 
 new_tuple = tuple.__new__
 _op_phase = attrgetter("op.phase")
+_SPAN_KINDS = {Send: "send", Recv: "recv"}      # a Collective's span kind is its own
 
 
-def comm_span_info(rank: int, stream: str, instruction, kind: str) -> tuple:
-    """The info of a communication span in the flat columns: its Span fields before and after the times."""
-    return (rank, stream, instruction.name, kind, COMM_PHASE), (0.0, int(instruction.size_bytes), instruction.iteration)
+def comm_span_fields(rank: int, stream: str, info) -> tuple:
+    """A communication span's fields but its times, before and after them, from its info in the columns (the
+    instruction, or the two tuples themselves)."""
+    if type(info) is tuple:
+        return info
+    kind = info.kind if type(info) is Collective else _SPAN_KINDS[type(info)]
+    return (rank, stream, info.name, kind, COMM_PHASE), (0.0, int(info.size_bytes), info.iteration)
+
+
+def _phase(info) -> str:
+    """The phase of a span's info in the columns."""
+    if type(info) is Run:
+        return info.op.phase
+    return info[0][4] if type(info) is tuple else COMM_PHASE
 
 
 class Recorded(Sequence):
@@ -79,7 +92,7 @@ class SpanColumns(Recorded):
                     spans.append(new_tuple(Span, (rank, stream, op.name, op.op_class, op.phase, start_s, end_s,
                                                   op.flops, op.bytes_read + op.bytes_written, info.iteration)))
                 else:
-                    head, tail = info
+                    head, tail = comm_span_fields(rank, stream, info)
                     spans.append(new_tuple(Span, head + (start_s, end_s) + tail))
         return spans
 
@@ -101,7 +114,9 @@ class SpanColumns(Recorded):
             try:
                 phases = list(map(_op_phase, infos))         # a stream of runs only, at C speed
             except AttributeError:
-                phases = [info.op.phase if type(info) is Run else info[0][4] for info in infos]
+                if Run not in set(map(type, infos)):
+                    continue                                 # communication only: nothing to add
+                phases = list(map(_phase, infos))
             codes += map(code.get, phases, repeat(fallback))
             starts += flat[1::3]
             ends += flat[2::3]
