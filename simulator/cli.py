@@ -7,14 +7,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from simulator.errors import MemsimError
 from simulator.lifetime import keep, keep_until_exit
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="memsim: simulate deep-learning training memory and time on GPU clusters.")
@@ -38,6 +39,8 @@ def _fail(message: str) -> None:
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     # Piped output gets a fixed, readable width instead of rich's 80-column fallback.
     return Console() if sys.stdout.isatty() else Console(width=120)
 
@@ -91,7 +94,6 @@ def run(
 ) -> None:
     """Simulate one training scenario and report memory, time and whether it fits."""
     from simulator.api import simulate
-    from simulator.report.summary import render_summary
     from simulator.scenario import load_scenario
 
     try:
@@ -112,6 +114,8 @@ def run(
     if as_json:
         sys.stdout.write(report_json(result.report))
     else:
+        from simulator.report.summary import render_summary
+
         render_summary(result.report, _console())
         if paths:
             _console().print("wrote " + ", ".join(str(p) for p in paths))
@@ -122,6 +126,9 @@ def devices(
     name: Annotated[Optional[str], typer.Argument(help="Show every number of one device with its source.")] = None,
 ) -> None:
     """List the devices memsim knows; with NAME, every number of that device and its source."""
+    from rich.console import Console
+    from rich.table import Table
+
     from simulator.hardware.catalog import get_device, list_devices
     from simulator.units import format_bytes
 
@@ -145,6 +152,9 @@ def devices(
 def _print_device(device) -> None:
     """One device: each field, its value and the source it comes from."""
     import dataclasses
+
+    from rich.console import Console
+    from rich.table import Table
 
     table = Table(title=f"{device.name}: {device.display_name}", show_lines=True)
     table.add_column("field")

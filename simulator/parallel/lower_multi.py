@@ -47,6 +47,7 @@ from simulator.parallel.schedules import Action, Schedule
 from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor, moved_ids
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
+from simulator.workload.stage_reuse import relabel_layers
 from simulator.workload.training import IterationWorkload, Recipe
 from simulator.workload.transformer import Shape
 from simulator.workload.weight_split import RETAIN_GRAPH
@@ -348,23 +349,40 @@ def stage_specs(plan: ParallelPlan) -> dict[tuple[int, int], StageSpec]:
             for span in plan.stages}
 
 
+def stage_backward_order(schedule: Schedule, stage: int, chunk: int) -> tuple[int, int, bool]:
+    """(first backward, last backward, split into I and W) of a (stage, chunk): build_stage's arguments.
+
+    .grad is created by the backward that starts first; gradients are reduced after the one that ends last.
+    """
+    actions = [a for a in schedule.ranks[stage] if a.chunk == chunk]
+    backwards = [a.microbatch for a in actions if a.kind in ("B", "I")]
+    ends = [a.microbatch for a in actions if a.kind in ("B", "W")]
+    return (backwards[0] if backwards else 0, ends[-1] if ends else schedule.microbatches - 1,
+            any(a.kind == "I" for a in actions))
+
+
 def build_stage_workloads(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan,
                           schedule: Schedule) -> dict[tuple[int, int], StageWorkload]:
     """Every (stage, chunk) workload in model order; a stage's input has the previous one's output shape."""
     specs = stage_specs(plan)
     spans = sorted(plan.stages, key=lambda span: span.index)
     result: dict[tuple[int, int], StageWorkload] = {}
+    middles: dict[tuple, StageWorkload] = {}
     previous: tuple[tuple[int, ...], str] | None = None
     for span in spans:
-        actions = [a for a in schedule.ranks[span.stage] if a.chunk == span.chunk]
-        split = any(a.kind == "I" for a in actions)
-        # .grad is created by the backward that starts first; gradients are reduced after the one that ends last.
-        backwards = [a.microbatch for a in actions if a.kind in ("B", "I")]
-        ends = [a.microbatch for a in actions if a.kind in ("B", "W")]
-        first_backward = backwards[0] if backwards else 0
-        last_backward = ends[-1] if ends else schedule.microbatches - 1
-        workload = build_stage(shape, recipe, profile, specs[(span.stage, span.chunk)], schedule.microbatches,
-                               first_backward, previous, sync_microbatch=last_backward, split_weight=split)
+        first_backward, last_backward, split = stage_backward_order(schedule, span.stage, span.chunk)
+        spec = specs[(span.stage, span.chunk)]
+        # A middle stage like one built already (as many layers, the same input and backward order) is that
+        # one with its layer numbers moved (workload/stage_reuse.py): no second recording.
+        key = (spec.stop - spec.start, previous, first_backward, last_backward, split)
+        like = None if spec.first or spec.last else middles.get(key)
+        if like is not None:
+            workload = relabel_layers(like, spec.start)
+        else:
+            workload = build_stage(shape, recipe, profile, spec, schedule.microbatches, first_backward, previous,
+                                   sync_microbatch=last_backward, split_weight=split)
+            if not (spec.first or spec.last):
+                middles[key] = workload
         result[(span.stage, span.chunk)] = workload
         previous = (workload.output_shape, workload.output_dtype)
     return result
