@@ -7,12 +7,13 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from simulator.engine.stretches import _flat, _picker, _runs_match
+from simulator.engine.stretches import _picker, _runs_match
 from simulator.engine.timelines import SpanColumns
 from simulator.parallel.program import Collective, Recv, Run, Send, Signal
 from simulator.report.metrics import span_sums
 from simulator.trace.records import COMM_PHASE, Span
 from simulator.workload.graph import Op
+from test_span_logs import log_of
 
 _OPS = [Op("a", "gemm", "fwd", flops=1.0), Op("b", "gemm", "bwd_input", flops=2.0)]
 _TWIN = Op("a", "gemm", "fwd", flops=1.0)        # equal to _OPS[0], not the same object: must not match
@@ -70,9 +71,6 @@ def test_picker_gives_the_items_at_the_indices(items, data):
     indices = data.draw(st.lists(st.integers(0, len(items) - 1), max_size=5)) if items else []
     assert list(_picker(indices)(items)) == [items[i] for i in indices]
     assert tuple(_picker(indices)(tuple(items))) == tuple(items[i] for i in indices)
-    starts, ends = items[0::2], items[1::2][:len(items[0::2])]
-    infos = tuple(range(len(ends)))
-    assert _flat(infos, starts[:len(ends)], ends) == [x for triple in zip(infos, starts, ends) for x in triple]
 
 
 def test_communication_spans_kept_as_instructions():
@@ -80,10 +78,10 @@ def test_communication_spans_kept_as_instructions():
     op = Op("layer.fc1", "gemm", "fwd", flops=2e9, bytes_read=10, bytes_written=6)
     collective = Collective("tp.all_gather", "all_gather", (0, 1), 4096.0, iteration=1)
     send, recv = Send("act", 1, 512.0, "t", iteration=2), Recv("grad", 1, 256.0, "u", iteration=3)
-    spans = SpanColumns(0, [("compute", [Run(op, 1e-3, 1), 0.5, 0.501]),
-                            ("comm", [collective, 0.2, 0.3, ((0, "comm", "old", "all_reduce", COMM_PHASE),
-                                                            (0.0, 8, 0)), 0.3, 0.4]),
-                            ("pp", [send, 0.6, 0.7, recv, 0.7, 0.9])])
+    spans = SpanColumns(0, [("compute", log_of([Run(op, 1e-3, 1), 0.5, 0.501])),
+                            ("comm", log_of([collective, 0.2, 0.3, ((0, "comm", "old", "all_reduce", COMM_PHASE),
+                                                                    (0.0, 8, 0)), 0.3, 0.4])),
+                            ("pp", log_of([send, 0.6, 0.7, recv, 0.7, 0.9]))])
     assert list(spans) == [
         Span(0, "compute", "layer.fc1", "gemm", "fwd", 0.5, 0.501, 2e9, 16, 1),
         Span(0, "comm", "tp.all_gather", "all_gather", COMM_PHASE, 0.2, 0.3, 0.0, 4096, 1),
@@ -108,6 +106,6 @@ def test_column_sums_with_instruction_infos_equal_the_span_loop(streams, bounds)
             info = Collective("ar", "all_reduce", (0, 1), 64.0) if phase == COMM_PHASE \
                 else Run(Op(f"op.{phase}", "gemm", phase), duration)
             flat += (info, start, start + duration)
-        columns.append((f"s{s}", flat))
+        columns.append((f"s{s}", log_of(flat)))
     recorded = SpanColumns(0, columns)
     assert span_sums(recorded, *bounds) == span_sums(list(recorded), *bounds)

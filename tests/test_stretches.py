@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import simulator.api as api
-from simulator.engine.executor import EngineOptions, _covered, _sorted_pairs
+from simulator.engine.executor import EngineOptions, _covered
+from simulator.engine.logs import IntervalLog
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.parallel.program import Run
@@ -19,6 +20,7 @@ from simulator.scenario import scenario_from_dict
 from simulator.trace.records import COMM_PHASE, MemorySample, Span
 from simulator.workload.graph import Op
 from test_scale_inline import _doc, _everything
+from test_span_logs import log_of
 
 
 def _steady(nodes: int, global_batch: int, **parallel) -> dict:
@@ -99,7 +101,7 @@ def test_column_sums_equal_the_span_loop(streams, bounds):
             else:
                 info = Run(Op(f"op.{phase}", "gemm", phase, flops=1e9), duration, iteration)
             flat += (info, start, start + duration)
-        columns.append((f"s{s}", flat))
+        columns.append((f"s{s}", log_of(flat)))
     recorded = SpanColumns(3, columns)
     # The columns' sums against the report's loop over the Span objects (a plain list has no phase_sums).
     assert span_sums(recorded, *bounds) == span_sums(list(recorded), *bounds)
@@ -108,7 +110,7 @@ def test_column_sums_equal_the_span_loop(streams, bounds):
 def test_columns_make_the_objects():
     op = Op("layer.fc1", "gemm", "fwd", flops=2e9, bytes_read=10, bytes_written=6)
     comm = ((0, "comm", "tp.all_gather", "all_gather", COMM_PHASE), (0.0, 4096, 1))
-    spans = SpanColumns(0, [("compute", [Run(op, 1e-3, 1), 0.5, 0.501]), ("comm", [comm, 0.2, 0.3])])
+    spans = SpanColumns(0, [("compute", log_of([Run(op, 1e-3, 1), 0.5, 0.501])), ("comm", log_of([comm, 0.2, 0.3]))])
     assert list(spans) == [Span(0, "compute", "layer.fc1", "gemm", "fwd", 0.5, 0.501, 2e9, 16, 1),
                            Span(0, "comm", "tp.all_gather", "all_gather", COMM_PHASE, 0.2, 0.3, 0.0, 4096, 1)]
     samples = SampleColumns([0.5, 10, 20, (10, 0), 0.6, 0, 20, (0, 0)])
@@ -134,6 +136,9 @@ _time = st.floats(0, 100, allow_nan=False)
 @given(intervals=st.lists(st.tuples(_time, _time).map(sorted).map(tuple), max_size=40),
        window=st.tuples(_time, _time).map(sorted))
 def test_union_length_equals_the_loop(intervals, window):
-    assert _sorted_pairs(tuple(intervals)).tolist() == [list(pair) for pair in sorted(intervals)]
+    log = IntervalLog()
+    for start_s, end_s in intervals:
+        log.add(start_s, end_s)
+    assert log.sorted_pairs().tolist() == [list(pair) for pair in sorted(intervals)]
     for start_s, end_s in (window, (-math.inf, math.inf)):
-        assert _covered(_sorted_pairs(tuple(intervals)), start_s, end_s) == _covered_loop(intervals, start_s, end_s)
+        assert _covered(log.sorted_pairs(), start_s, end_s) == _covered_loop(intervals, start_s, end_s)

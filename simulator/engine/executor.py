@@ -5,8 +5,6 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,6 +13,7 @@ import simpy.core
 
 from simulator import lifetime
 from simulator.engine.allocator import Allocator
+from simulator.engine.logs import PHASE_CODES, IntervalLog, sorted_pairs
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
@@ -46,7 +45,7 @@ class EngineOptions:
     stretches: bool = True          # ... and, in them, repeated stretches of runs and inlined collectives (exact)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RankCommunication:
     """One rank's communication, seconds: when its communication instructions were moving bytes (from the
     launch — all members or both peers posted — to completion; waiting for a late peer is not
@@ -54,8 +53,8 @@ class RankCommunication:
     an event a communication stream signalled, during which that stream was transferring, plus any
     communication instruction run on the compute stream itself."""
 
-    intervals: tuple[tuple[float, float], ...] = ()
-    exposed_intervals: tuple[tuple[float, float], ...] = ()
+    intervals: np.ndarray = field(default_factory=lambda: np.empty((0, 2)))     # (n, 2) (start, end), sorted
+    exposed_intervals: np.ndarray = field(default_factory=lambda: np.empty((0, 2)))
 
     @property
     def total_s(self) -> float:
@@ -69,13 +68,13 @@ class RankCommunication:
 
     def between(self, start_s: float, end_s: float) -> tuple[float, float]:
         """(total, exposed) communication seconds inside the window [start_s, end_s]."""
-        intervals, exposed = self._sorted_arrays
-        return _covered(intervals, start_s, end_s), _covered(exposed, start_s, end_s)
+        return _covered(self.intervals, start_s, end_s), _covered(self.exposed_intervals, start_s, end_s)
 
-    @cached_property
-    def _sorted_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Both interval lists sorted, as (n, 2) arrays: made once (a report asks for several windows)."""
-        return _sorted_pairs(self.intervals), _sorted_pairs(self.exposed_intervals)
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not RankCommunication:
+            return NotImplemented
+        return np.array_equal(self.intervals, other.intervals) \
+            and np.array_equal(self.exposed_intervals, other.exposed_intervals)
 
 
 @dataclass
@@ -220,6 +219,9 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
     rank = state.program.rank
     record_spans = options.record_spans
     spans = state.spans[stream]
+    span_info, span_start, span_end, span_phase = \
+        spans.infos.append, spans.starts.append, spans.ends.append, spans.phases.append
+    phase_codes = PHASE_CODES
     peek = env.peek
     lookahead = options.run_ahead and options.rank_lookahead and stream == COMPUTE_STREAM
     quiet = None         # state.quiet() while nothing else has run (None: not known)
@@ -268,8 +270,11 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                     yield env.at(now)
                     own = ahead
                     quiet = None
-            if record_spans:
-                spans += (instruction, start, now)      # engine/timelines.py makes the Span when read
+            if record_spans:                            # engine/timelines.py makes the Span when read
+                span_info(instruction)
+                span_start(start)
+                span_end(now)
+                span_phase(phase_codes[op.phase])
             if op.frees:
                 memory.run_free(op.frees, instruction.shift, instruction.low, now, op.name)
         elif kind is Alloc:
@@ -384,7 +389,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             started = pending.start_s
             _record_comm(state, stream, instruction, started, now, record_spans)
             if stream == COMPUTE_STREAM and now > started:
-                state.exposed_intervals.append((started, now))
+                state.exposed_intervals.add(started, now)
     for parked in list(state.parked) if stream == COMPUTE_STREAM else ():
         state.release(parked, now)
     if now > env.now:
@@ -409,6 +414,9 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
     memory = state.memory
     run_allocate, run_free = memory.run_allocate, memory.run_free
     spans = state.spans[COMPUTE_STREAM]
+    span_info, span_start, span_end, span_phase = \
+        spans.infos.append, spans.starts.append, spans.ends.append, spans.phases.append
+    phase_codes = PHASE_CODES
     inline_plans = state.inline_plans
     count = len(instructions)
     now = now_s
@@ -425,7 +433,10 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
             if duration > 0:
                 now = start + duration
             if record_spans:
-                spans += (instruction, start, now)
+                span_info(instruction)
+                span_start(start)
+                span_end(now)
+                span_phase(phase_codes[op.phase])
             if op.frees:
                 run_free(op.frees, instruction.shift, instruction.low, now, op.name)
         elif kind is Signal:
@@ -545,10 +556,13 @@ def _record_comm(state: RankState, stream: str, instruction, start_s: float, end
     """A transfer of `stream` that ended: its communication interval, its span (the instruction is its info:
     engine/timelines.py) and a collective's frees."""
     if end_s > start_s:
-        state.comm_intervals.append((start_s, end_s))
-        state.stream_transfers.setdefault(stream, []).append((start_s, end_s))
+        state.comm_intervals.add(start_s, end_s)
+        transfers = state.stream_transfers.get(stream)
+        if transfers is None:
+            transfers = state.stream_transfers[stream] = IntervalLog()
+        transfers.add(start_s, end_s)
     if record_spans:
-        state.spans[stream] += (instruction, start_s, end_s)
+        state.spans[stream].add_comm(instruction, start_s, end_s)
     if type(instruction) is Collective and instruction.frees:
         state.memory.collective_free(instruction, end_s)
 
@@ -559,32 +573,24 @@ def _record_inline(state: RankState, name: str, collective, start_s: float, end_
     compute stream's exposure."""
     _record_comm(state, name, collective, start_s, end_s, record_spans)
     if end_s > start_s:
-        state.exposed_intervals.append((start_s, end_s))     # the compute stream waited all along
+        state.exposed_intervals.add(start_s, end_s)     # the compute stream waited all along
 
 
 def _expose(state: RankState, signaller: str, waited_from_s: float, now_s: float) -> None:
     """Count the part of a compute-stream wait during which the signalling stream was transferring."""
-    transfers = state.stream_transfers.get(signaller, ())
-    for start_s, end_s in reversed(transfers):     # one stream's transfers are sequential
+    transfers = state.stream_transfers.get(signaller)
+    if transfers is None:
+        return
+    for start_s, end_s in zip(reversed(transfers.starts), reversed(transfers.ends)):   # sequential per stream
         if end_s <= waited_from_s:
             break
         a, b = max(start_s, waited_from_s), min(end_s, now_s)
         if b > a:
-            state.exposed_intervals.append((a, b))
-
-
-def _sorted_pairs(intervals: tuple[tuple[float, float], ...]) -> np.ndarray:
-    """`intervals` sorted as sorted() sorts the pairs (by start, then end), as an (n, 2) float array."""
-    pairs = np.fromiter(chain.from_iterable(intervals), dtype=np.float64, count=2 * len(intervals))
-    pairs = pairs.reshape(len(intervals), 2)
-    step = np.diff(pairs[:, 0])
-    if (step >= 0).all() and (np.diff(pairs[:, 1])[step == 0] >= 0).all():
-        return pairs            # sorted already (RankCommunication's are)
-    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+            state.exposed_intervals.add(a, b)
 
 
 def _covered(pairs: np.ndarray, start_s: float, end_s: float) -> float:
-    """Length of the union of the sorted intervals `pairs` (_sorted_pairs) clipped to [start_s, end_s]: each
+    """Length of the union of the sorted intervals `pairs` (logs.sorted_pairs) clipped to [start_s, end_s]: each
     interval starts no earlier than the furthest end before it, and the positive lengths are added in order
     (numpy's cumsum adds in order, so the sum is the one of a loop over the intervals, to the bit;
     tests/test_stretches.py)."""
@@ -605,8 +611,8 @@ def _collect(states: list[RankState], end_time_s: float) -> EngineTrace:
     communication: dict[int, RankCommunication] = {}
     for state in states:
         # Sorted: with lookahead, streams of a rank append them out of time order (totals are unchanged).
-        communication[state.program.rank] = RankCommunication(tuple(sorted(state.comm_intervals)),
-                                                              tuple(sorted(state.exposed_intervals)))
+        communication[state.program.rank] = RankCommunication(state.comm_intervals.sorted_pairs(),
+                                                              state.exposed_intervals.sorted_pairs())
         memory = state.memory
         memory.catch_up()
         trace = state.trace

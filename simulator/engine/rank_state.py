@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from simulator.engine.allocator import Allocator
+from simulator.engine.logs import IntervalLog, SpanLog
 from simulator.engine.memory import RankMemory
 from simulator.parallel.program import Collective, Period, Program, Recv, Send, Signal, WaitFor
 from simulator.trace.records import RankTrace
@@ -36,8 +37,7 @@ class RankState:
         self.stretches = None                        # a Stretches (engine/stretches.py) when the executor replays them
         self.memory = RankMemory(allocator, program.tensors, stream_ids, options.record_timeline, options.repeats)
         self.trace = RankTrace(program.rank, program.device, capacity_bytes)
-        # per stream, in order: flat (info, start_s, end_s) triples (engine/timelines.py)
-        self.spans: dict[str, list] = {name: [] for name in program.streams}
+        self.spans: dict[str, SpanLog] = {name: SpanLog() for name in program.streams}    # per stream, in order
         self.done: set[str] = set()                  # streams that finished
         self.events: dict[str, simpy.Event] = {}
         self.signal_time: dict[str, float] = {}      # event -> when a stream signalled it (maybe ahead of now)
@@ -47,9 +47,9 @@ class RankState:
         self.blocked: dict[str, tuple[int, object, object]] = {}    # stream -> (index, instruction, why)
         self.comm_streams: dict[str, None] = {}
         self.comm_signalled: dict[str, str] = {}     # event -> the communication stream that signalled it
-        self.stream_transfers: dict[str, list[tuple[float, float]]] = {}   # comm stream -> transfer times
-        self.comm_intervals: list[tuple[float, float]] = []
-        self.exposed_intervals: list[tuple[float, float]] = []
+        self.stream_transfers: dict[str, IntervalLog] = {}   # comm stream -> transfer times
+        self.comm_intervals = IntervalLog()
+        self.exposed_intervals = IntervalLog()
         waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
         signalled: dict[str, set[str]] = {}          # stream -> the events it signals
         compute_signals: list[int] = []              # indices of the compute stream's Signals

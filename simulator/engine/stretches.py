@@ -18,11 +18,13 @@ copied. Results are identical to running it (tests/test_stretches.py compares th
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-from operator import gt, is_, itemgetter
+from operator import is_, itemgetter
 from typing import TYPE_CHECKING
 
+from simulator.engine.logs import IntervalLog, doubles, packer, phase_array, positive, span_columns
 from simulator.engine.rank_state import COMPUTE_STREAM
 from simulator.parallel.program import Blocking, Run, Signal
 
@@ -62,32 +64,38 @@ class StretchRecord:
                                                # iterations, lows)
     span_times: tuple = field(init=False)      # pickers of the runs' start and end times from the stretch's times
     sample_times: object = field(init=False)   # picker of the memory calls' times
-    comm_streams: tuple = field(init=False)    # per inlined stream: (name, start and end time pickers, infos)
+    span_phases: array = field(init=False)     # the runs' phase codes (engine/logs.py)
+    span_pack: object = field(init=False)      # packs the runs' start (end) times as doubles
+    comm_streams: tuple = field(init=False)    # per inlined stream: (name, start and end time pickers, infos,
+                                               # phase codes, packer of its times)
     cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of each collective after a Signal, in order
 
     def __post_init__(self) -> None:
         positions, ops, durations, iterations, lows = zip(*self.runs)
         self.run_columns = (_picker(positions), ops, durations, iterations, lows)
         self.span_times = (_picker(self.span_steps), _picker([step + 1 for step in self.span_steps]))
+        self.span_phases = phase_array(self.span_runs)
+        self.span_pack = packer(len(self.span_runs))
         self.sample_times = _picker(self.sample_steps)
         groups: dict[str, list] = {}
         for name, step, info in self.comm:
             groups.setdefault(name, []).append((step, info))
         self.comm_streams = tuple((name, _picker([step for step, _ in mine]), _picker([step + 1 for step, _ in mine]),
-                                   tuple(info for _, info in mine)) for name, mine in groups.items())
+                                   tuple(info for _, info in mine), phase_array(info for _, info in mine),
+                                   packer(len(mine))) for name, mine in groups.items())
         self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None)
 
-    def run_spans(self, times: list[float]) -> list:
-        """The compute stream's flat span triples of this stretch started at times[0]."""
+    def run_spans(self, times: list[float]) -> tuple:
+        """The compute stream's spans of this stretch started at times[0], as SpanLog.since gives them."""
         starts, ends = self.span_times
-        return _flat(self.span_runs, starts(times), ends(times))
+        return span_columns(self.span_runs, starts(times), ends(times), self.span_phases)
 
-    def comm_spans(self, times: list[float], stream: str) -> list:
-        """Stream `stream`'s flat span triples of this stretch's inlined collectives."""
-        for name, starts, ends, infos in self.comm_streams:
+    def comm_spans(self, times: list[float], stream: str) -> tuple:
+        """Stream `stream`'s spans of this stretch's inlined collectives, as SpanLog.since gives them."""
+        for name, starts, ends, infos, phases, _ in self.comm_streams:
             if name == stream:
-                return _flat(infos, starts(times), ends(times))
-        return []
+                return span_columns(infos, starts(times), ends(times), phases)
+        return span_columns((), (), (), array("H"))
 
     def samples(self, times: list[float]) -> list:
         """The flat memory samples of this stretch's calls."""
@@ -109,13 +117,10 @@ def _picker(indices) -> itemgetter:
     return itemgetter(slice(0, 0))
 
 
-def _flat(infos: tuple, starts, ends) -> list:
-    """Flat (info, start_s, end_s) span triples."""
-    flat = [None] * (3 * len(infos))
-    flat[0::3] = infos
-    flat[1::3] = starts
-    flat[2::3] = ends
-    return flat
+def _intervals(times: list[float], steps: list[int]) -> tuple[array, array]:
+    """The (starts, ends) columns of the steps' intervals that end after they start, as IntervalLog.since gives."""
+    starts, ends = positive([times[step] for step in steps], [times[step + 1] for step in steps])
+    return array("d", starts), array("d", ends)
 
 
 class Stretches:
@@ -199,25 +204,33 @@ class Stretches:
         p0 = skipping.position
         count = len(record.sample_steps)
         if state.record_spans:
-            state.spans[COMPUTE_STREAM] += record.run_spans(times)
+            starts, ends = record.span_times
+            pack = record.span_pack
+            state.spans[COMPUTE_STREAM].extend(record.span_runs, pack(*starts(times)), pack(*ends(times)),
+                                               record.span_phases)
         streams = state.program.streams
         for name in record.streams:
             state.comm_streams[name] = None
             if state.cursor.get(name) is None:
                 state.parked[name] = streams[name][starts[name]].event
         # Per stream, in order (the interval lists are sorted at the end: only each stream's transfers keep an order).
-        for name, pick_starts, pick_ends, infos in record.comm_streams:
+        for name, pick_starts, pick_ends, infos, phases, pack in record.comm_streams:
             begins, ends = pick_starts(times), pick_ends(times)
-            if all(map(gt, ends, begins)):
-                pairs = list(zip(begins, ends))
-            else:
-                pairs = [pair for pair in zip(begins, ends) if pair[1] > pair[0]]
-            if pairs:
-                state.comm_intervals += pairs
-                state.stream_transfers.setdefault(name, []).extend(pairs)
-                state.exposed_intervals += pairs
+            packed = pack(*begins), pack(*ends)
+            moving = positive(begins, ends)
+            if moving[0]:
+                if moving[0] is not begins:
+                    packed_moving = doubles(moving[0]), doubles(moving[1])
+                else:
+                    packed_moving = packed
+                state.comm_intervals.extend(*packed_moving)
+                transfers = state.stream_transfers.get(name)
+                if transfers is None:
+                    transfers = state.stream_transfers[name] = IntervalLog()
+                transfers.extend(*packed_moving)
+                state.exposed_intervals.extend(*packed_moving)
             if state.record_spans:
-                state.spans[name] += _flat(infos, begins, ends)
+                state.spans[name].extend(infos, *packed, phases)
         for name, offset in record.cursor_moves:
             state.cursor[name] = starts[name] + offset
         if network is not None:
@@ -283,21 +296,21 @@ class Stretches:
         if times[-1] != now_s or skipping.position != p0 + len(record.sample_steps):
             return
         if state.record_spans:
-            if state.spans[COMPUTE_STREAM][n_spans:] != record.run_spans(times):
+            if state.spans[COMPUTE_STREAM].since(n_spans) != record.run_spans(times):
                 return
             for name, n in n_comm_spans.items():
-                if state.spans[name][n:] != record.comm_spans(times, name):
+                if state.spans[name].since(n) != record.comm_spans(times, name):
                     return
         if memory.record_timeline and memory.samples[n_samples:] != record.samples(times):
             return
-        intervals = [(times[step], times[step + 1]) for _, step, _ in record.comm
-                     if times[step + 1] > times[step]]
-        if state.comm_intervals[n_intervals:] != intervals or state.exposed_intervals[n_exposed:] != intervals:
+        intervals = _intervals(times, [step for _, step, _ in record.comm])
+        if state.comm_intervals.since(n_intervals) != intervals \
+                or state.exposed_intervals.since(n_exposed) != intervals:
             return
         for name, n in n_transfers.items():
-            mine = [(times[step], times[step + 1]) for s, step, _ in record.comm
-                    if s == name and times[step + 1] > times[step]]
-            if state.stream_transfers.get(name, [])[n:] != mine:
+            mine = _intervals(times, [step for s, step, _ in record.comm if s == name])
+            transfers = state.stream_transfers.get(name)
+            if (transfers.since(n) if transfers is not None else (array("d"), array("d"))) != mine:
                 return
         for name in record.streams:
             if name not in state.parked or (name in parked0 and parked0[name] != state.parked[name]):

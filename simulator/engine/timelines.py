@@ -1,27 +1,26 @@
-"""Spans and memory samples as flat lists while the engine runs: Span / MemorySample objects are made when read.
+"""Spans and memory samples as typed columns while the engine runs: Span / MemorySample objects are made when read.
 
 A cluster-scale run records millions of spans and samples. Making an object for each costs more than the
 simulation step that produced it (a big heap makes every allocation slow), and a `--json` report only sums
-spans and never reads samples. So each stream's spans are kept as one flat list of (info, start_s, end_s)
-triples, info being the Run instruction, the communication instruction (Collective, Send, Recv: the span's
-kind is the collective's, "send" or "recv"), or a (fields before start_s, fields after end_s) pair, and a rank's
-samples as one flat list of (time_s, allocated, reserved, by_category) quadruples; the trace holds sequences
-that build the objects on first read (`Recorded`). The report sums span durations straight from the columns.
+spans and never reads samples. So each stream's spans are kept as a SpanLog (engine/logs.py): per span its
+info, the Run instruction, the communication instruction (Collective, Send, Recv: the span's kind is the
+collective's, "send" or "recv"), or a (fields before start_s, fields after end_s) pair, its times as doubles and
+its phase code; a rank's samples as one flat list of (time_s, allocated, reserved, by_category) quadruples. The
+trace holds sequences that build the objects on first read (`Recorded`); the report sums span durations straight
+from the typed columns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
-from operator import attrgetter
 
 import numpy as np
 
+from simulator.engine.logs import COMM_CODE, PHASE_CODES, SpanLog
 from simulator.parallel.program import Collective, Recv, Run, Send
 from simulator.trace.records import COMM_PHASE, MemorySample, Span
 
 new_tuple = tuple.__new__
-_op_phase = attrgetter("op.phase")
 _SPAN_KINDS = {Send: "send", Recv: "recv"}      # a Collective's span kind is its own
 
 
@@ -32,13 +31,6 @@ def comm_span_fields(rank: int, stream: str, info) -> tuple:
         return info
     kind = info.kind if type(info) is Collective else _SPAN_KINDS[type(info)]
     return (rank, stream, info.name, kind, COMM_PHASE), (0.0, int(info.size_bytes), info.iteration)
-
-
-def _phase(info) -> str:
-    """The phase of a span's info in the columns."""
-    if type(info) is Run:
-        return info.op.phase
-    return info[0][4] if type(info) is tuple else COMM_PHASE
 
 
 class Recorded(Sequence):
@@ -75,9 +67,9 @@ class Recorded(Sequence):
 
 
 class SpanColumns(Recorded):
-    """One rank's spans, stream after stream, from each stream's flat (info, start_s, end_s) list."""
+    """One rank's spans, stream after stream, from each stream's SpanLog (engine/logs.py)."""
 
-    def __init__(self, rank: int, streams: list[tuple[str, list]]):
+    def __init__(self, rank: int, streams: list[tuple[str, SpanLog]]):
         super().__init__()
         self.rank = rank
         self.streams = streams
@@ -85,8 +77,8 @@ class SpanColumns(Recorded):
     def _build(self) -> list[Span]:
         rank = self.rank
         spans: list[Span] = []
-        for stream, flat in self.streams:
-            for info, start_s, end_s in zip(flat[0::3], flat[1::3], flat[2::3]):
+        for stream, log in self.streams:
+            for info, start_s, end_s in zip(log.infos, log.starts, log.ends):
                 if type(info) is Run:
                     op = info.op
                     spans.append(new_tuple(Span, (rank, stream, op.name, op.op_class, op.phase, start_s, end_s,
@@ -103,30 +95,19 @@ class SpanColumns(Recorded):
         names = list(dict.fromkeys(keys.values()))
         if default not in names:
             names.append(default)
-        code = {phase: names.index(key) for phase, key in keys.items()}
-        code[COMM_PHASE] = -1
-        fallback = names.index(default)
-        codes: list[int] = []
-        starts: list[float] = []
-        ends: list[float] = []
-        for _, flat in self.streams:
-            infos = flat[0::3]
-            try:
-                phases = list(map(_op_phase, infos))         # a stream of runs only, at C speed
-            except AttributeError:
-                if Run not in set(map(type, infos)):
-                    continue                                 # communication only: nothing to add
-                phases = list(map(_phase, infos))
-            codes += map(code.get, phases, repeat(fallback))
-            starts += flat[1::3]
-            ends += flat[2::3]
         sums = {name: 0.0 for name in names}
-        if not codes:
+        logs = [log for _, log in self.streams if len(log)]
+        if not logs:
             return sums, 0.0
-        count = len(codes)
-        code_of = np.fromiter(codes, dtype=np.int64, count=count)
-        begin = np.fromiter(starts, dtype=np.float64, count=count)
-        finish = np.fromiter(ends, dtype=np.float64, count=count)
+        # phase code -> index in names (-1: communication), over every code given so far
+        table = np.full(len(PHASE_CODES), names.index(default), dtype=np.int64)
+        for phase, code in PHASE_CODES.items():
+            if phase in keys:
+                table[code] = names.index(keys[phase])
+        table[COMM_CODE] = -1
+        code_of = table[np.concatenate([np.frombuffer(log.phases, dtype=np.uint16) for log in logs])]
+        begin = np.concatenate([np.frombuffer(log.starts) for log in logs])
+        finish = np.concatenate([np.frombuffer(log.ends) for log in logs])
         keep = (code_of >= 0) & (start_s <= begin) & (finish <= end_s)
         durations = finish[keep] - begin[keep]
         kept = code_of[keep]
