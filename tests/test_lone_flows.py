@@ -91,7 +91,7 @@ class _Counting(FlowNetwork):
 
 
 @given(mostly_private_traffic())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_lone_flows_get_the_floats_of_the_search(case):
     capacities, routes, batches = case
     table = _Table(capacities, routes)

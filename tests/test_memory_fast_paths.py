@@ -126,7 +126,7 @@ def _drive(a: CachingAllocator, ops: list) -> list:
     return out + [a.segments(), a.state_key(owners), a.events]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(config=st.sampled_from(range(len(CONFIGS))), events=st.booleans(), ops=operations)
 def test_inlined_malloc_and_free_equal_the_plain_ones(config, events, ops):
     options = dict(CONFIGS[config], record_events=events)
