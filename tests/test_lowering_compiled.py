@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import simulator.api as api
 from simulator.parallel.lower_multi import _Streams, lower_multi
-from simulator.parallel.plan import make_plan
 from simulator.parallel.program import Blocking, Collective, Run
-from simulator.parallel.schedule_check import load_schedule
-from simulator.scenario import scenario_from_dict
+from tests.test_stage_copies import _setup
 
 
 def _doc(topology: str, schedule: str, recompute: str, framework: str, microbatches: int, **parallel) -> dict:
@@ -23,14 +20,8 @@ def _doc(topology: str, schedule: str, recompute: str, framework: str, microbatc
 
 
 def _programs(doc: dict, full: bool = False):
-    scenario = scenario_from_dict(doc)
-    cluster = api.resolve_cluster(scenario)
-    recipe = api.multi_recipe(scenario, cluster.device)
-    p = scenario.parallel
-    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
-    plan = make_plan(scenario, cluster.topology)
-    programs, _ = lower_multi(api.model_shape(scenario), recipe, api.kernel_profile(cluster.device), plan,
-                              schedule, cluster.device, 1, 1, full=full)
+    shape, recipe, profile, plan, schedule, device = _setup(doc)
+    programs, _ = lower_multi(shape, recipe, profile, plan, schedule, device, 1, 1, full=full)
     return programs
 
 

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-import simulator.api as api
 import simulator.parallel.lower_multi as lower_multi
 from simulator.parallel.lower_multi import build_stage_workloads, stage_backward_order, stage_specs
-from simulator.parallel.plan import make_plan
-from simulator.parallel.schedule_check import load_schedule
-from simulator.scenario import scenario_from_dict
 from simulator.workload.graph import Tensor
 from simulator.workload.stage import build_stage
 from simulator.workload.stage_reuse import relabel_layers
+from tests.test_stage_copies import _setup
 
 
 def _doc(layers: int, schedule: str, recompute: str, framework: str, microbatches: int, nodes: int = 1,
@@ -44,13 +41,7 @@ CASES = [
 
 
 def _inputs(doc: dict):
-    scenario = scenario_from_dict(doc)
-    cluster = api.resolve_cluster(scenario)
-    recipe = api.multi_recipe(scenario, cluster.device)
-    p = scenario.parallel
-    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
-    plan = make_plan(scenario, cluster.topology)
-    return api.model_shape(scenario), recipe, api.kernel_profile(cluster.device), plan, schedule
+    return _setup(doc)[:5]          # shape, recipe, profile, plan, schedule
 
 
 def _structure(workload) -> tuple:
