@@ -8,7 +8,7 @@ from simulator.engine.allocator import Allocator, OutOfMemory
 from simulator.engine.repeats import ALLOC, BOUNDARY, FREE, RecordedCall, Recording, Skipping, absolute, relative
 from simulator.parallel.program import Collective, Period
 from simulator.trace.records import OomInfo
-from simulator.workload.graph import CATEGORIES, Tensor
+from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
 
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 UNBOUNDED_BYTES = 1 << 44     # capacity after an OOM (16 TiB): keep simulating to measure the requirement
@@ -49,11 +49,11 @@ class RankMemory:
         if self._skipping is not None:
             if self._replayed_run(ALLOC, op_ids, shift, stream_id, time_s, op):
                 return
-            ids = _moved(op_ids, shift, low)
+            ids = moved_ids(op_ids, shift, low)
             if self._replayed(ALLOC, ids, stream_id, time_s, op):
                 return
         else:
-            ids = _moved(op_ids, shift, low)
+            ids = moved_ids(op_ids, shift, low)
         # allocate(), without its first steps done above (hot path)
         log = self.allocator._log
         log_start = len(log._raw) if log is not None else 0
@@ -65,11 +65,11 @@ class RankMemory:
         if self._skipping is not None:
             if self._replayed_run(FREE, op_ids, shift, 0, time_s, op):
                 return
-            ids = _moved(op_ids, shift, low)
+            ids = moved_ids(op_ids, shift, low)
             if self._replayed(FREE, ids, 0, time_s, op):
                 return
         else:
-            ids = _moved(op_ids, shift, low)
+            ids = moved_ids(op_ids, shift, low)
         log = self.allocator._log
         log_start = len(log._raw) if log is not None else 0
         self._free(ids, time_s, op)
@@ -313,12 +313,3 @@ class RankMemory:
             live_by_category={name: self.by_category[i] for i, name in enumerate(CATEGORIES)},
             largest_live=tuple(live[:10]))
 
-
-def _moved(ids: tuple[int, ...], shift: int, low: int) -> tuple[int, ...]:
-    """workload.graph.moved_ids, with a short way for one id (most calls)."""
-    if not shift:
-        return ids
-    if len(ids) == 1:
-        v = ids[0]
-        return (v + shift,) if v >= low else ids
-    return tuple([v + shift if v >= low else v for v in ids])

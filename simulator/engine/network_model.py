@@ -34,10 +34,10 @@ from simulator.network.footprint import (footprint, interference_components, iso
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
-from simulator.parallel.program import Blocking, Collective, Program, Recv, Send
+from simulator.parallel.program import COMM_INSTRUCTIONS, Blocking, Collective, Program, Recv, Send
 
 AXES_TRIED = ("tp", "dp", "pp")
-_COMMUNICATION = frozenset((Blocking, Collective, Send, Recv))
+_COMMUNICATION = frozenset(COMM_INSTRUCTIONS + (Blocking,))    # what _analyze looks at
 
 
 class Pending:

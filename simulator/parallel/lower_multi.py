@@ -11,9 +11,9 @@ Conventions (what is modelled and how):
 * Pipeline messages: after F the stage output is sent to the next stage, after B the input gradient
   to the previous one (SEND_STREAM, one stream per peer and kind so that sends to different peers do
   not queue behind each other); the input gradient, and a stage output the runtime does not keep for
-  the backward (Megatron-LM), are freed by the send stream once the send has completed; a Recv (RECV_STREAM) is posted right before the action that needs it
-  (as torch.distributed.pipelining does) and allocates the received tensor; the compute stream waits
-  for it.
+  the backward (Megatron-LM), are freed by the send stream once the send has completed; a Recv
+  (RECV_STREAM) is posted right before the action that needs it (as torch.distributed.pipelining does) and
+  allocates the received tensor; the compute stream waits for it.
 * Tensor-parallel collectives (group "tp") run on COMM_STREAM and the compute stream waits for them
   (Megatron's are blocking). Data-parallel reductions (group "dp", all_reduce / reduce_scatter) run
   on COMM_STREAM overlapped with backward; the compute stream waits for them before the optimizer

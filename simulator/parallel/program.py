@@ -240,6 +240,8 @@ def posted_collectives(streams: dict[str, tuple | list], stream: str) -> list[Co
     own = [ins for ins in streams.get(stream, ()) if type(ins) is Collective]
     compute = streams.get("compute", ())
     return own + [ins.collective for ins in compute if type(ins) is Blocking and ins.stream == stream]
+
+
 COMM_INSTRUCTIONS = (Collective, Send, Recv)
 
 

@@ -43,8 +43,14 @@ PHASES = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, OPTIMIZER_STEP)
 
 
 def moved_ids(ids: tuple[int, ...], shift: int, low: int) -> tuple[int, ...]:
-    """`ids` with those >= low moved by shift (a micro-batch copy's ids from its template's)."""
-    return tuple([v + shift if v >= low else v for v in ids]) if ids else ids
+    """`ids` with those >= low moved by shift (a micro-batch copy's ids from its template's); `ids` itself when
+    nothing can move (no shift, no ids, one id below low)."""
+    if not shift or not ids:
+        return ids
+    if len(ids) == 1:                    # most memory calls: one tensor
+        v = ids[0]
+        return (v + shift,) if v >= low else ids
+    return tuple([v + shift if v >= low else v for v in ids])
 
 
 @dataclass(frozen=True, slots=True)
