@@ -15,7 +15,8 @@ from simulator.scenario import Scenario
 CALIBRATION_FORMAT = "memsim-calibration-1"
 # DeviceSpec fields a calibration file may set (dict fields take a table of dtype -> value).
 CALIBRATABLE_FIELDS = ("launch_overhead_s", "hbm_efficiency", "hbm_bytes_per_s", "l2_bytes_per_s",
-                       "attention_efficiency", "gemm_efficiency", "gemm_k_overhead", "peak_flop_per_s")
+                       "attention_efficiency", "gemm_efficiency", "gemm_k_overhead", "gemm_unaligned_efficiency",
+                       "peak_flop_per_s")
 _DICT_FIELDS = ("gemm_efficiency", "peak_flop_per_s")
 
 

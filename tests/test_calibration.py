@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import itertools
 import math
 import shutil
 import tomllib
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from simulator.api import simulate
 from simulator.errors import DataError, TopologyError
 from simulator.hardware.catalog import get_device, with_overrides
-from simulator.hardware.cost import gemm_time_s, op_time_s
+from simulator.hardware.cost import gemm_time_s, op_time_s, rate_dtype
 from simulator.scenario import scenario_from_dict
 from simulator.topology import read_calibration, resolve_cluster
 from simulator.workload.graph import ATTENTION, ELEMENTWISE, Op
@@ -23,7 +24,7 @@ from validation.calibrate import (
     apply_params, calibrate, calibration_toml, fit_links, link_bus_bytes, overrides, write_calibration,
 )
 from validation.calibration_data import (
-    CAPTURE_FORMAT, config_features, device_params, load_dataset, predict_iteration_s,
+    CAPTURE_FORMAT, GEMM, OpRows, config_features, device_params, load_dataset, predict_iteration_s, predict_ops_s,
 )
 from validation.memory_comparison import scenario_document
 
@@ -115,6 +116,25 @@ def test_vectorized_roofline_equals_simulate(name, tmp_path):
     assert predict_iteration_s(features, CPU, device_params(CPU)) == pytest.approx(expected, rel=1e-12)
     calibrated = simulate(_scenario(name, _truth_calibration(tmp_path / "c.toml"))).report["iteration_time_s"]
     assert predict_iteration_s(features, CPU, device_params(TRUTH)) == pytest.approx(calibrated, rel=1e-12)
+
+
+@pytest.mark.parametrize("device", ["h200-sxm", "a100-80gb-sxm", "cpu"])
+def test_vectorized_gemm_rows_equal_the_cost_model(device):
+    """predict_ops_s gives cost.op_time_s (less the launch) for GEMMs, aligned or not, in every rate dtype."""
+    spec = get_device(device)
+    shapes = [(2048, 50257, 12288), (2048, 50304, 12288), (50257, 12288, 2048), (4096, 1000, 1024), (12, 20, 36),
+              (8192, 8192, 8192), (1024, 30522, 1024), (2048, 4100, 512)]
+    dtypes = [d for d in ("fp32", "tf32", "bf16", "fp16", "fp8") if d in spec.peak_flop_per_s]
+    ops, records = [], []
+    for (m, n, k), dtype in itertools.product(shapes, dtypes):
+        op = Op(name="mm", op_class="gemm", phase="fwd", flops=2.0 * m * n * k, bytes_read=2 * (m * k + k * n),
+                bytes_written=2 * m * n, dtype=dtype, gemm_mnk=(m, n, k))
+        ops.append(op)
+        records.append((GEMM, rate_dtype(spec, dtype), op.flops, op.bytes_read + op.bytes_written, m, n, k, 1,
+                        math.nan, 1.0))
+    predicted = predict_ops_s(OpRows.build(records), spec, device_params(spec), overhead_s=0.0)
+    expected = [op_time_s(op, spec) - spec.launch_overhead_s for op in ops]
+    assert predicted == pytest.approx(expected, rel=1e-12)
 
 
 def test_fit_recovers_known_parameters(synthetic):

@@ -14,9 +14,11 @@ from simulator.errors import ScenarioError
 from simulator.hardware.catalog import get_device, list_devices, with_overrides
 from simulator.hardware.cost import (
     effective_flop_per_s,
+    gemm_alignment_bytes,
     gemm_efficiency,
     gemm_shape_factor,
     gemm_time_s,
+    gemm_unaligned_cap,
     op_cost,
     op_time_s,
     rate_dtype,
@@ -156,7 +158,56 @@ def test_errors():
         gemm_efficiency(H100, 64, 64, 0)
 
 
+H200 = get_device("h200-sxm")
+
+
+def test_unaligned_gemm_is_capped_at_the_measured_rate():
+    """An unpadded GPT-2 vocabulary (50,257) leaves the 16-byte-aligned kernels; the padded 50,304 keeps them."""
+    for m, n, k in ((2048, 50257, 12288), (2048, 12288, 50257), (50257, 12288, 2048)):
+        assert gemm_efficiency(H200, m, n, k) == 0.262 / 2            # 2-byte alignment: half the cap
+    assert gemm_efficiency(H200, 4096, 50258, 768) == 0.262          # 4 bytes
+    assert gemm_efficiency(H200, 4096, 50260, 768) == 0.262          # 8 bytes
+    assert gemm_efficiency(H200, 2048, 50304, 12288) == gemm_efficiency(
+        with_overrides(H200, gemm_unaligned_efficiency=0.0), 2048, 50304, 12288) > 0.8
+    # measured on the H200 (validation/data/cuda-large): 25.59 + 17.88 + 17.10 ms for the three GEMMs
+    assert 3 * gemm_time_s(H200, 2048, 50257, 12288) == pytest.approx(58.56e-3, rel=1e-3)
+    assert gemm_time_s(H200, 2048, 50304, 12288) == pytest.approx(3.130e-3, rel=1e-3)
+    # fp32 on CUDA cores keeps its rate (measured: 0.93-1.04 of the aligned width's); TF32 does not
+    assert gemm_efficiency(H200, 2048, 50257, 768, dtype="fp32") == gemm_efficiency(
+        with_overrides(H200, gemm_unaligned_efficiency=0.0), 2048, 50257, 768, dtype="fp32")
+    assert gemm_efficiency(H200, 4096, 50258, 768, dtype="tf32") == 0.262
+    assert gemm_efficiency(H200, 4096, 50260, 768, dtype="tf32") > 0.262
+    for name in ("a100-80gb-sxm", "rtx-4090", "mi300x", "cpu"):       # not modelled there
+        device = get_device(name)
+        assert device.gemm_unaligned_efficiency == 0.0
+        assert gemm_unaligned_cap(device, 2048, 50257, 768) is None
+
+
+def test_alignment_bytes():
+    assert gemm_alignment_bytes(8, 8, 8, "bf16") == 16 and gemm_alignment_bytes(8, 8, 4, "bf16") == 8
+    assert gemm_alignment_bytes(4, 4, 4, "tf32") == 16 and gemm_alignment_bytes(2, 4, 4, "fp32") == 8
+    assert gemm_alignment_bytes(16, 16, 16, "fp8") == 16 and gemm_alignment_bytes(16, 16, 1, "fp8") == 1
+    assert gemm_alignment_bytes(2048, 50257, 12288) == 2 and gemm_alignment_bytes(2048, 50258, 12288) == 4
+    assert gemm_alignment_bytes(1 << 20, 1 << 30, 1 << 12, "bf16") == 16
+
+
 dims = st.integers(min_value=1, max_value=20000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(device=st.sampled_from(list_devices()), m=dims, n=dims, k=dims, batch=st.integers(min_value=1, max_value=8),
+       dtype=st.sampled_from(["fp32", "tf32", "bf16", "fp16", "fp8"]))
+def test_unaligned_cap_bounds_exactly_the_unaligned_tensor_gemms(device, m, n, k, batch, dtype):
+    uncapped = gemm_efficiency(with_overrides(device, gemm_unaligned_efficiency=0.0), m, n, k, batch, dtype)
+    width = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    alignment = 16
+    while alignment > width and any(v * width % alignment for v in (m, n, k)):
+        alignment //= 2
+    tensor = rate_dtype(device, dtype) != "fp32"
+    expected = uncapped
+    if device.gemm_unaligned_efficiency and tensor and alignment < 16:
+        expected = min(uncapped, device.gemm_unaligned_efficiency * min(alignment, 4) / 4)
+    assert gemm_efficiency(device, m, n, k, batch, dtype) == expected
 
 
 @settings(max_examples=200, deadline=None)

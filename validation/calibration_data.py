@@ -17,9 +17,10 @@ import numpy as np
 from simulator.api import build_workload
 from simulator.errors import DataError
 from simulator.hardware.catalog import FLOP_DTYPES, DeviceSpec, get_device
-from simulator.hardware.cost import rate_dtype
+from simulator.hardware.cost import ALIGNMENT_BYTES, rate_dtype
 from simulator.scenario import scenario_from_dict
 from simulator.workload.graph import ATTENTION as ATTENTION_CLASS
+from simulator.workload.graph import DTYPE_BYTES
 from simulator.workload.graph import GEMM as GEMM_CLASS
 from validation.memory_comparison import scenario_document
 
@@ -322,13 +323,26 @@ def shape_factor(device: DeviceSpec, m, n, k, batch, k_overhead: float) -> np.nd
     return np.where(shaped, factor, 1.0)
 
 
+def unaligned_cap(rows: OpRows, device: DeviceSpec) -> np.ndarray:
+    """cost.gemm_unaligned_cap on arrays, by the row's rate dtype (inf: no cap)."""
+    none = np.full(len(rows.m), np.inf)
+    if device.gemm_unaligned_efficiency == 0:
+        return none
+    width = np.array([4 if d == "tf32" else DTYPE_BYTES[d] for d in FLOP_DTYPES])[rows.dtype_index]
+    common = np.gcd.reduce(np.stack([rows.m, rows.n, rows.k]).astype(np.int64), axis=0)
+    alignment = np.minimum(ALIGNMENT_BYTES, width * (common & -common))
+    cap = device.gemm_unaligned_efficiency * np.minimum(alignment, 4) / 4
+    tensor = np.array([d != "fp32" for d in FLOP_DTYPES])[rows.dtype_index]
+    return np.where((rows.m > 0) & tensor & (alignment < ALIGNMENT_BYTES), cap, none)
+
+
 def predict_ops_s(rows: OpRows, device: DeviceSpec, params: Params, overhead_s: float | None = None) -> np.ndarray:
     """Seconds per row under ``params``: max(FLOP / rate, bytes / bandwidth) + overhead (default op_overhead_s)."""
     peak = np.array([params.peak_flop_per_s.get(d, 1.0) for d in FLOP_DTYPES])[rows.dtype_index]
     eff = np.array([params.gemm_efficiency.get(d, 1.0) for d in FLOP_DTYPES])[rows.dtype_index]
     reference = shape_factor(device, *[[v] for v in device.gemm_reference_mnk], [1], params.gemm_k_overhead)[0]
     shaped = shape_factor(device, rows.m, rows.n, rows.k, rows.batch, params.gemm_k_overhead)
-    gemm = eff * np.where(rows.m > 0, shaped / reference, 1.0)
+    gemm = np.minimum(eff * np.where(rows.m > 0, shaped / reference, 1.0), unaligned_cap(rows, device))
     rate = peak * np.where(rows.kind == GEMM, gemm, np.where(rows.kind == ATTN, params.attention_efficiency, 1.0))
     overhead = params.op_overhead_s if overhead_s is None else overhead_s
     return np.maximum(rows.flops / rate, rows.bytes / params.memory_bytes_per_s) + overhead

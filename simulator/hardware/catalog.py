@@ -53,6 +53,9 @@ class DeviceSpec:
     gemm_tile_mn: int                    # output tile edge for tile/wave quantization
     gemm_k_overhead: int                 # per-tile fixed cost in units of k (pipeline fill): k/(k + this)
     gemm_reference_mnk: tuple[int, int, int]  # the shape at which gemm_efficiency was measured
+    # Most of the tensor peak a GEMM reaches when its dimensions are aligned to 4 or 8 bytes only (half of it at
+    # 2 bytes, a quarter at 1: hardware/cost.py gemm_unaligned_cap); 0: not modelled.
+    gemm_unaligned_efficiency: float
     dropout_mask_dtype: str              # "bool": fused CUDA dropout saves 1 byte/element; "input": input's dtype
     sdpa_flash_with_dropout: bool        # SDPA keeps its flash kernel when dropout_p > 0
     default_allocator: str               # "caching" (PyTorch CUDA caching allocator) or "exact"
@@ -88,6 +91,8 @@ class DeviceSpec:
         for key in ("launch_overhead_s", "tdp_w", "nvlink_bytes_per_s_per_direction"):
             if not _is_number(getattr(self, key)) or getattr(self, key) < 0:
                 raise bad(key, getattr(self, key), "must be a non-negative number")
+        if not _is_number(self.gemm_unaligned_efficiency) or not 0 <= self.gemm_unaligned_efficiency <= 1:
+            raise bad("gemm_unaligned_efficiency", self.gemm_unaligned_efficiency, "must be in [0, 1] (0: not modelled)")
         for key in ("hbm_efficiency", "attention_efficiency"):
             value = getattr(self, key)
             if not _is_number(value) or not 0 < value <= 1:
@@ -188,6 +193,16 @@ LAUNCH = ("estimate, calibratable: eager torch op ~5-7 us on the host (pytorch/p
 THREADS_PER_SM = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability': {n} resident "
                   "threads per SM for compute capability {cc}; torch max_threads_per_multi_processor = 2048 on an "
                   "H200 (validation/data/cuda/reductions.json)")
+UNALIGNED_HOPPER = (
+    "measured on one H200, torch 2.11 + CUDA 13.0 (validation/data/cuda-large/gemm_alignment*.json: python -m "
+    "validation.cuda.gemm_alignment): the forward, input- and weight-gradient GEMMs of linear layers with output "
+    "widths 4097, 30522, 32001, 50257, 50258, 50260 (inputs 768-12288, 2048-8192 tokens) ran, FLOP over summed "
+    "time, at 0.255-0.271 of the tensor peak with 4- or 8-byte alignment (bf16, fp16, tf32) and 0.127-0.132 "
+    "with 2-byte alignment, whatever the shape, where the 16-byte-aligned widths next to them ran at 0.7-0.8; "
+    "assumed for the H100 (the same sm_90 cuBLAS kernels)")
+UNALIGNED_OTHERS = ("not modelled (0): NVIDIA's 'Matrix Multiplication Background' guide names the 16-byte rule "
+                    "for every tensor-core GPU, but the H200 figure comes from Hopper's TMA kernels and was not "
+                    "measured here; a calibration file can set it")
 GPU_FLAGS = MappingProxyType({"dropout_mask_dtype": "bool", "sdpa_flash_with_dropout": True,
                               "default_allocator": "caching", "optimizer_foreach": True})
 GPU_GEMM_SHAPE = MappingProxyType({
@@ -198,6 +213,7 @@ GPU_GEMM_SHAPE = MappingProxyType({
                             "one k-block (32-64) of main-loop time per tile"),
     "gemm_reference_mnk": ((8192, 8192, 8192), "shape of the large-GEMM measurements quoted in gemm_efficiency "
                                                "(8192^3 or the best square size)"),
+    "gemm_unaligned_efficiency": (0.0, UNALIGNED_OTHERS),
 })
 
 
@@ -263,7 +279,7 @@ def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, 
                                                   "per-clock L2 width)"),
         sm_count=sms, peak_flop_per_s=peaks, tdp_w=tdp, pcie_gen=(5, H100_DS), pcie_lanes=(16, H100_DS),
         nvlink_bytes_per_s_per_direction=nvlink, gemm_efficiency=eff, hbm_efficiency=hbm_eff,
-        attention_efficiency=attn)
+        attention_efficiency=attn, gemm_unaligned_efficiency=(0.262, UNALIGNED_HOPPER))
 
 
 _H100_SXM_PEAKS = MappingProxyType({"fp32": (66.9e12, H100_DS), "tf32": (494.7e12, H100_DS),
@@ -420,7 +436,9 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                    "fp8": (0.443, f"{AZURE} ND_MI300X_v5: hipBLASLt FP8 8192^3 1159.23 TFLOP/s / 2614.9")},
                hbm_efficiency=(0.772, f"{AZURE} ND_MI300X_v5: STREAM triad 4.09 TB/s / 5.3 TB/s"),
                attention_efficiency=(0.251, f"{AZURE} ND_MI300X_v5: FlashAttention-2 328.6 TFLOP/s / 1307.4"),
-               **GPU_GEMM_SHAPE, **GPU_FLAGS),
+               **{**GPU_GEMM_SHAPE, "gemm_unaligned_efficiency": (0.0, "not modelled (0): no hipBLASLt "
+                                                                      "measurement of unaligned shapes")},
+               **GPU_FLAGS),
         _cpu(),
     )
 
@@ -478,6 +496,7 @@ def _cpu() -> DeviceSpec:
         gemm_k_overhead=(k_overhead, "assumption, calibratable: per-panel packing cost of ~16 k-steps (fp32 "
                                      "4096x1024x64 ran at 0.60 of the 2048^3 rate in the run; model 0.81)"),
         gemm_reference_mnk=(CPU_RUN["reference_mnk"], f"fp32 reference shape of the run, {run}"),
+        gemm_unaligned_efficiency=(0.0, "not modelled (0): the 16-byte rule is one of tensor-core kernels"),
         dropout_mask_dtype="input", sdpa_flash_with_dropout=False, default_allocator="exact",
         optimizer_foreach=False,
     )

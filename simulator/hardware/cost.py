@@ -9,11 +9,14 @@ Rates: GEMM and attention ops run on the tensor rate of their dtype ("fp32" uses
 not tf32, unless the op says "tf32"; "fp8" falls back to bf16 on devices without fp8); every other op class
 (elementwise, norm, softmax, embedding, optimizer, copy) runs at the fp32 vector rate and is in practice
 bound by its bytes. GEMM efficiency = device.gemm_efficiency[dtype] scaled by the shape's tile and wave
-quantization and a small-k penalty, relative to the shape at which that efficiency was measured.
+quantization and a small-k penalty, relative to the shape at which that efficiency was measured, and capped
+by device.gemm_unaligned_efficiency when a dimension is not a multiple of 16 bytes of its dtype (cuBLAS then
+leaves its aligned tensor-core kernels: an unpadded vocabulary of 50,257 is the common case).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -76,6 +79,36 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+ALIGNMENT_BYTES = 16    # NVIDIA, "Matrix Multiplication Background" user's guide: tensor cores are used best
+                        # when M, N and K are multiples of 16 bytes (a requirement before cuBLAS 11.0)
+
+
+def gemm_alignment_bytes(m: int, n: int, k: int, dtype: str = "bf16") -> int:
+    """The largest power of two, in bytes of `dtype` and at most ALIGNMENT_BYTES, that divides m, n and k.
+
+    Each of m, n and k is a leading dimension of one operand in one of a linear layer's three training GEMMs
+    (forward, input gradient, weight gradient), so all three count.
+    """
+    common = math.gcd(m, n, k)
+    width = 4 if dtype == "tf32" else DTYPE_BYTES.get(dtype, 4)
+    return min(ALIGNMENT_BYTES, width * (common & -common))
+
+
+def gemm_unaligned_cap(device: DeviceSpec, m: int, n: int, k: int, dtype: str = "bf16") -> float | None:
+    """The most of the tensor peak a GEMM reaches when its dimensions miss the 16-byte alignment, or None.
+
+    None when the shape is aligned, the op runs on CUDA cores (fp32 without TF32: no tensor-core path to
+    lose) or the device does not model it (gemm_unaligned_efficiency 0). Otherwise the device's
+    gemm_unaligned_efficiency at 4- or 8-byte alignment, half of it at 2 bytes and a quarter at 1 byte.
+    """
+    if device.gemm_unaligned_efficiency == 0 or rate_dtype(device, dtype) == "fp32":
+        return None
+    alignment = gemm_alignment_bytes(m, n, k, dtype)
+    if alignment >= ALIGNMENT_BYTES:
+        return None
+    return device.gemm_unaligned_efficiency * min(alignment, 4) / 4
+
+
 def gemm_shape_factor(device: DeviceSpec, m: int, n: int, k: int, batch: int = 1) -> float:
     """Fraction of a full-speed GEMM a shape keeps: tile and wave quantization times a small-k penalty.
 
@@ -109,7 +142,8 @@ def gemm_efficiency(device: DeviceSpec, m: int, n: int, k: int, batch: int = 1, 
     """Fraction of `device`'s peak a GEMM of this shape and dtype reaches.
 
     Equals device.gemm_efficiency[dtype] at device.gemm_reference_mnk and scales with gemm_shape_factor
-    elsewhere, so a shape with fewer idle SMs than the reference can slightly exceed it.
+    elsewhere, so a shape with fewer idle SMs than the reference can slightly exceed it; at most
+    gemm_unaligned_cap when the shape misses the 16-byte alignment.
 
     Args:
         device: the device.
@@ -126,7 +160,9 @@ def gemm_efficiency(device: DeviceSpec, m: int, n: int, k: int, batch: int = 1, 
     """
     key = rate_dtype(device, dtype)
     reference = gemm_shape_factor(device, *device.gemm_reference_mnk)
-    return device.gemm_efficiency[key] * gemm_shape_factor(device, m, n, k, batch) / reference
+    efficiency = device.gemm_efficiency[key] * gemm_shape_factor(device, m, n, k, batch) / reference
+    cap = gemm_unaligned_cap(device, m, n, k, dtype)
+    return efficiency if cap is None else min(efficiency, cap)
 
 
 def effective_flop_per_s(op: Op, device: DeviceSpec) -> float:
@@ -221,5 +257,6 @@ def gemm_time_s(device: DeviceSpec, m: int, n: int, k: int, batch: int = 1, dtyp
     return op_time_s(op, device)
 
 
-__all__ = ["OpCost", "TENSOR_OP_CLASSES", "KNOWN_OP_DTYPES", "effective_flop_per_s", "gemm_efficiency",
-           "gemm_shape_factor", "gemm_time_s", "op_cost", "op_time_s", "rate_dtype"]
+__all__ = ["ALIGNMENT_BYTES", "OpCost", "TENSOR_OP_CLASSES", "KNOWN_OP_DTYPES", "effective_flop_per_s",
+           "gemm_alignment_bytes", "gemm_efficiency", "gemm_shape_factor", "gemm_time_s", "gemm_unaligned_cap",
+           "op_cost", "op_time_s", "rate_dtype"]
