@@ -64,12 +64,20 @@ def kernel_profile(device: DeviceSpec) -> KernelProfile:
                          max_threads_per_sm=device.max_threads_per_sm)
 
 
+# Frameworks whose Adam on a GPU is a fused multi-tensor kernel: Megatron-LM's megatron/core/optimizer imports
+# Transformer Engine's FusedAdam, else apex's (torch's AdamW only when neither is installed); DeepSpeed builds its
+# FusedAdam unless the config asks for torch_adam or offloads the optimizer.
+FUSED_ADAM_FRAMEWORKS = ("megatron", "deepspeed")
+
+
 def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
-    """Resolve the training options (optimizer implementation 'auto' = what torch picks there)."""
+    """Resolve the training options (optimizer implementation 'auto' = what torch picks there, or the framework's
+    fused Adam: FUSED_ADAM_FRAMEWORKS)."""
     t = scenario.training
     implementation = t.optimizer_implementation
     if implementation == "auto":
-        if t.optimizer == "adam-8bit":
+        if t.optimizer == "adam-8bit" or (t.framework in FUSED_ADAM_FRAMEWORKS and t.optimizer == "adamw"
+                                          and device.kind == "gpu"):
             implementation = "fused"
         else:
             implementation = "foreach" if device.optimizer_foreach else "single-tensor"

@@ -1,4 +1,5 @@
-"""The committed large-shape H200 captures (validation/data/cuda-large): memory, out-of-sample time, GEMM alignment."""
+"""The committed large-shape H200 captures (validation/data/cuda-large): memory, out-of-sample time, GEMM alignment
+and the AdamW step."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from simulator.hardware.catalog import get_device
-from simulator.hardware.cost import gemm_alignment_bytes, gemm_time_s
+from simulator.hardware.cost import gemm_alignment_bytes, gemm_time_s, op_time_s
+from simulator.workload.optimizers import IdSource, MasterParam, step_ops
 from validation.compare import compare
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +27,8 @@ def report():
 
 def test_large_captures_fit_memory_and_time(report):
     """Measured: peaks within 0.003%, reserved within 1.98%; with the H200 calibration fitted on the eight small
-    configurations only, iteration times -4.5% to -4.8% (-23.7% / -25.7% for GPT-3 before the alignment cap)."""
+    configurations only, iteration times +1.2% to +2.0% (-23.7% / -25.7% for GPT-3 before the alignment cap
+    and AdamW's kernels one by one)."""
     names = sorted(run.name for run in report.runs)
     assert names == ["gpt3-2l-bf16-mixed-flash-full-adamw", "gpt3-2l-bf16-mixed-flash-none-adamw",
                      "llama70b-2l-bf16-mixed-flash-gqa-none-adamw"]
@@ -33,7 +36,7 @@ def test_large_captures_fit_memory_and_time(report):
         assert abs(run.predicted_peak_bytes / run.measured_peak_bytes - 1) < 1e-4, run.name
         assert abs(run.predicted_reserved_bytes / run.measured_reserved_bytes - 1) < 0.025, run.name
         assert run.timeline_error < 0.005, run.name
-        assert abs(run.file_s / run.measured_s - 1) < 0.07, (run.name, run.file_s, run.measured_s)
+        assert abs(run.file_s / run.measured_s - 1) < 0.04, (run.name, run.file_s, run.measured_s)
 
 
 def _rows() -> list[dict]:
@@ -60,3 +63,41 @@ def test_unaligned_gemm_ceiling_matches_the_sweeps():
     assert sorted(measured) == [("bf16", 2), ("bf16", 4), ("fp16", 2), ("fp16", 4), ("fp32", 4), ("tf32", 4)]
     for key in measured:
         assert math.isclose(predicted[key], measured[key], rel_tol=0.06), (key, predicted[key], measured[key])
+
+
+def test_adamw_step_kernels_and_temporaries_match_the_h200():
+    """validation/cuda/optimizer_step.py on the H200 (2**30 fp32 parameters in 64 tensors): the step's
+    temporaries are exact (single-tensor 192 MiB: the sqrt and the denominators in flight; foreach 4 GiB:
+    sqrt(v) of everything; fused none); times +6.3% (single-tensor), -13.2% (foreach), -19.1% (fused) with the
+    default H200, whose HBM efficiency is a STREAM figure above what these kernels reach."""
+    document = json.loads((DATA / "optimizer_step.json").read_text())
+    assert document["environment"]["device_name"] == "NVIDIA H200"
+    for row in document["rows"]:
+        count = row["tensors"]
+        params = [MasterParam(f"p{i}", (row["numel"] // count,), row["numel"] // count, "fp32", "fp32")
+                  for i in range(count)]
+        tensors: dict = {}
+        ops = step_ops("adamw", row["implementation"], params, IdSource(0), tensors)
+        live = peak = 0
+        for op in ops:
+            live += sum(tensors[t].nbytes for t in op.allocs)
+            peak = max(peak, live)
+            live -= sum(tensors[t].nbytes for t in op.frees)
+        assert peak == row["temporary_bytes"], row["implementation"]
+        predicted = sum(op_time_s(op, H200) for op in ops)
+        assert abs(predicted / row["min_s"] - 1) < 0.25, (row["implementation"], predicted, row["min_s"])
+
+
+def test_the_microbenchmarks_run_on_the_host(tmp_path):
+    """The two sweeps behind the data above run (on CPU, tiny sizes) and write what the tests read."""
+    pytest.importorskip("torch")
+    from validation.cuda import gemm_alignment, optimizer_step
+
+    assert gemm_alignment.main([str(tmp_path / "g.json"), "--device", "cpu", "--quick"]) == 0
+    rows = json.loads((tmp_path / "g.json").read_text())["rows"]
+    assert [(r["n"], r["gemm"]) for r in rows] == [(n, g) for n in (257, 256)
+                                                   for g in ("forward", "input_grad", "weight_grad")]
+    assert optimizer_step.main([str(tmp_path / "o.json"), "--device", "cpu", "--numel", "4096", "--tensors", "2"]) == 0
+    rows = json.loads((tmp_path / "o.json").read_text())["rows"]
+    assert [r["implementation"] for r in rows] == ["single-tensor", "foreach", "fused"]
+    assert all(r["numel"] == 4096 and r["min_s"] > 0 for r in rows)

@@ -311,7 +311,7 @@ def test_gpt3_175b_on_1024_a100_fits_with_the_1f1b_bubble():
 
 @pytest.mark.scale
 def test_llama70b_bubble_is_the_1f1b_closed_form():
-    """Measured 25.2% against (p-1)/(m+p-1) = 27.3%. Communication spans (the DP buckets overlapping the
+    """Measured 25.7% against (p-1)/(m+p-1) = 27.3%. Communication spans (the DP buckets overlapping the
     last backward on their own stream) are communication, not compute: counting them as compute had made
     the busiest stage's idle share 19.4%."""
     report = _run(MULTI / "llama70b-64xh100-tp8-pp4-dp2.toml")

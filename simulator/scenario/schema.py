@@ -352,7 +352,7 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("precision", choice(PRECISIONS), "bf16-mixed", " | ".join(PRECISIONS), "numeric format of parameters, activations and gradients"),
     _k("framework", choice(FRAMEWORKS), "torch", " | ".join(FRAMEWORKS), "whose mixed-precision memory layout to model"),
     _k("optimizer", choice(OPTIMIZERS), "adamw", " | ".join(OPTIMIZERS), "optimizer (sets optimizer-state bytes)"),
-    _k("optimizer_implementation", choice(OPTIMIZER_IMPLEMENTATIONS), "auto", " | ".join(OPTIMIZER_IMPLEMENTATIONS), "torch optimizer kernel style; auto = what torch picks on the device"),
+    _k("optimizer_implementation", choice(OPTIMIZER_IMPLEMENTATIONS), "auto", " | ".join(OPTIMIZER_IMPLEMENTATIONS), "torch optimizer kernel style; auto = what torch picks on the device (megatron, deepspeed on a GPU: their fused Adam)"),
     _k("recompute", recompute_mode, "none", 'none | selective | full | "segments:N"', "activation checkpointing (segments:N = checkpoint_sequential)"),
     _k("activation_compression", choice(ACTIVATION_COMPRESSIONS), "none", " | ".join(ACTIVATION_COMPRESSIONS), "compression of saved activations"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "loss scaling (meaningful for fp16-mixed only)"),

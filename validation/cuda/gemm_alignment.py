@@ -14,14 +14,13 @@ catalog.py) is read off this file: validation/data/cuda-large/gemm_alignment.jso
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from simulator.io import atomic_write_text
+from validation.cuda.microbench import check_device, write_rows
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 # (unpadded, padded) output widths: GPT-2's vocabulary and nanoGPT's padding, BERT's and NVIDIA's padding,
@@ -87,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, text in (("--m", "token counts"), ("--k", "input widths"), ("--n", "output widths")):
         parser.add_argument(flag, default=None, help=f"comma-separated {text} (default: the sweep)")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gemm_alignment: torch sees no CUDA device")
+    check_device("gemm_alignment", args.device)
     lists = [[int(v) for v in text.split(",")] if text else None for text in (args.m, args.k, args.n)]
     if args.quick:
         lists = [[64], [64], [257, 256]]
@@ -96,12 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(dtypes) - set(DTYPES))
     if unknown:
         raise SystemExit(f"gemm_alignment: --dtypes {','.join(unknown)} unknown (allowed: {', '.join(DTYPES)})")
-    environment = {"torch_version": torch.__version__, "cuda": torch.version.cuda,
-                   "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-                   "warmup": WARMUP, "repetitions": REPETITIONS,
-                   "clock": "cuda_event" if args.device == "cuda" else "perf_counter"}
     rows = measure(args.device, dtypes, *lists)
-    atomic_write_text(args.out, json.dumps({"environment": environment, "rows": rows}, indent=1) + "\n")
+    write_rows(args.out, args.device, rows, warmup=WARMUP, repetitions=REPETITIONS,
+               clock="cuda_event" if args.device == "cuda" else "perf_counter")
     for row in rows:
         print(f"{row['dtype']} m={row['m']} k={row['k']} n={row['n']} {row['gemm']:12s} "
               f"{row['min_s'] * 1e3:9.3f} ms {row['flops'] / row['min_s'] / 1e12:8.1f} TFLOP/s", flush=True)

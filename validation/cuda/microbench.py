@@ -1,0 +1,23 @@
+"""What the one-GPU microbenchmarks share: the device check, the environment they record and their output file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from simulator.io import atomic_write_text
+
+
+def check_device(script: str, device: str) -> None:
+    """Exit with one line when a CUDA run is asked for and torch sees no GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{script}: torch sees no CUDA device")
+
+
+def write_rows(out: Path, device: str, rows: list[dict], **protocol: object) -> None:
+    """Write {"environment": torch, CUDA, device name and `protocol`, "rows": rows} atomically as JSON."""
+    environment = {"torch_version": torch.__version__, "cuda": torch.version.cuda,
+                   "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", **protocol}
+    atomic_write_text(out, json.dumps({"environment": environment, "rows": rows}, indent=1) + "\n")
