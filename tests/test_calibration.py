@@ -18,7 +18,7 @@ from simulator.errors import DataError, TopologyError
 from simulator.hardware.catalog import get_device, with_overrides
 from simulator.hardware.cost import gemm_time_s, op_time_s, rate_dtype
 from simulator.scenario import scenario_from_dict
-from simulator.topology import read_calibration, resolve_cluster
+from simulator.topology import apply_calibration, read_calibration, resolve_cluster
 from simulator.workload.graph import ATTENTION, ELEMENTWISE, Op
 from validation.calibrate import (
     apply_params, calibrate, calibration_toml, fit_links, link_bus_bytes, overrides, write_calibration,
@@ -197,6 +197,18 @@ def test_calibration_for_another_device_is_rejected(synthetic, tmp_path):
     write_calibration(calibrate(synthetic, bootstrap=0), path)
     with pytest.raises(TopologyError, match=r"cpu-calibration\.toml.*'cpu'.*'h100-sxm'"):
         resolve_cluster(_scenario(NAMES[0], path, topology="h100-sxm"))
+
+
+def test_a_calibration_file_sets_the_unaligned_ceiling(tmp_path):
+    """A team that measured its GPUs' ceiling for GEMMs off the 16-byte alignment can set it."""
+    path = tmp_path / "c.toml"
+    path.write_text('format = "memsim-calibration-1"\ndevice = "a100-80gb-sxm"\n[fields]\n'
+                    'gemm_unaligned_efficiency = 0.3\n')
+    device = apply_calibration(get_device("a100-80gb-sxm"), read_calibration(path))
+    assert device.gemm_unaligned_efficiency == 0.3 and "c.toml" in device.source["gemm_unaligned_efficiency"]
+    path.write_text(HEADER + "gemm_unaligned_efficiency = 1.5\n")
+    with pytest.raises(TopologyError, match=r"gemm_unaligned_efficiency = 1\.5 must be in \[0, 1\]"):
+        resolve_cluster(_scenario(NAMES[0], path))
 
 
 @pytest.mark.parametrize("text, match", [
