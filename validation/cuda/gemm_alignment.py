@@ -7,8 +7,8 @@ checks that the script runs; the lists default to the sweep below, "tf32" is fp3
 For each dtype, token count m, input width k and output width n (by default vocabularies, unpadded and padded
 pairs such as 50257 / 50304), with x (m, k), w (n, k) and dy (m, n) as F.linear and its backward use them:
 forward x @ w.T, input gradient dy @ w, weight gradient dy.T @ x. Each GEMM is timed with CUDA events
-(3 warm-ups, then the minimum and median of 10). memsim's `gemm_unaligned_factor` (simulator/hardware/
-catalog.py) is read off this file: validation/data/cuda-large/gemm_alignment.json.
+(3 warm-ups, then the minimum and median of 10). memsim's `gemm_unaligned_efficiency` (simulator/hardware/
+catalog.py) is read off these files: validation/data/cuda-large/gemm_alignment*.json.
 """
 
 from __future__ import annotations
