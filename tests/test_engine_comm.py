@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.engine.allocator import ExactAllocator
-from simulator.engine.executor import EngineDeadlock, EngineOptions, EngineTrace, simulate_programs
+from simulator.engine.executor import EngineOptions, simulate_programs
+from simulator.engine.results import EngineDeadlock, EngineTrace
 from simulator.errors import DeadlockError, PlanError, TopologyError
 from simulator.network import collective_time_s, load_topology
 from simulator.parallel.plan import ParallelPlan

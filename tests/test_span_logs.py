@@ -8,7 +8,7 @@ from array import array
 
 from hypothesis import given, settings, strategies as st
 
-from simulator.engine.executor import RankCommunication, _covered
+from simulator.engine.results import RankCommunication, covered
 from simulator.engine.logs import (COMM_CODE, PHASE_CODES, IntervalLog, SpanLog, doubles, info_phase, packer,
                                    phase_array, positive)
 from simulator.engine.timelines import SpanColumns
@@ -82,7 +82,7 @@ def test_intervals_positive_and_sorted_as_the_tuples(pairs):
             total += b - a
         reach = max(reach, b)
     communication = RankCommunication(log.sorted_pairs(), log.sorted_pairs())
-    assert communication.total_s == total == _covered(log.sorted_pairs(), float("-inf"), float("inf"))
+    assert communication.total_s == total == covered(log.sorted_pairs(), float("-inf"), float("inf"))
     assert communication == RankCommunication(log.sorted_pairs(), log.sorted_pairs())
     assert kept == [] or communication != RankCommunication(log.sorted_pairs()[:-1], log.sorted_pairs())
     assert RankCommunication().total_s == 0.0 and RankCommunication() == RankCommunication()

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import simulator.api as api
-from simulator.engine.executor import EngineOptions, _covered
+from simulator.engine.executor import EngineOptions
+from simulator.engine.results import covered
 from simulator.engine.logs import IntervalLog
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
@@ -141,4 +142,4 @@ def test_union_length_equals_the_loop(intervals, window):
         log.add(start_s, end_s)
     assert log.sorted_pairs().tolist() == [list(pair) for pair in sorted(intervals)]
     for start_s, end_s in (window, (-math.inf, math.inf)):
-        assert _covered(log.sorted_pairs(), start_s, end_s) == _covered_loop(intervals, start_s, end_s)
+        assert covered(log.sorted_pairs(), start_s, end_s) == _covered_loop(intervals, start_s, end_s)
