@@ -8,8 +8,8 @@ starts its flows). A send/recv pair launches when both sides are posted (NCCL: b
 a send or recv whose peer is not simulated launches when posted. With a `ParallelPlan`, the traffic of
 unsimulated ranks that the representatives stand for (the other TP/DP groups of a stage, the other
 stage-to-stage pairs) is started too, as *shadow* operations that nobody waits for but that load the
-links exactly as in a full simulation (the shadow sends of one send, when they share a latency, as one
-operation: `_shadow_transfers`).
+links exactly as in a full simulation (engine/shadows.py finds them; the shadow sends of one send, when they
+share a latency, as one operation: `_shadow_transfers`).
 
 Given the programs up front (`programs=`), the model first works out which operations can interact
 (simulator/network/footprint.py: components of the union of every operation's links; a collective inside one
@@ -27,6 +27,7 @@ from collections import deque
 from itertools import compress
 import simpy
 
+from simulator.engine.shadows import ShadowRanks
 from simulator.errors import PlanError
 from simulator.network.collectives import CollectiveSchedule, Phase, candidates, lower_collective
 from simulator.network.footprint import (footprint, interference_components, isolated_duration_s,
@@ -36,7 +37,6 @@ from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import COMM_INSTRUCTIONS, Blocking, Collective, Program, Recv, Send
 
-AXES_TRIED = ("tp", "dp", "pp")
 _COMMUNICATION = frozenset(COMM_INSTRUCTIONS + (Blocking,))    # what _analyze looks at
 
 
@@ -94,6 +94,7 @@ class NetworkModel:
         self.topology = topology
         self.plan = plan
         self.simulated = frozenset(simulated_ranks)
+        self.shadows = ShadowRanks(plan, self.simulated)
         self.network = FlowNetwork(topology, start_s=env.now)
         self._gatherings: dict[tuple, _Gathering] = {}
         self._occurrences: dict[tuple, int] = {}
@@ -103,13 +104,11 @@ class NetworkModel:
         self._timer_version = 0
         self._refresh_pending = False      # a re-rating is scheduled at the current time (_reschedule_soon)
         self._schedules: dict[tuple, CollectiveSchedule] = {}
-        self._shadow_groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}
         self.shadow_operations = 0
         self.shadows_dropped = 0
         self.isolated_operations = 0
         self._kept: set[tuple] | None = None          # shadow (kind, group, size) worth starting; None: all
         self._isolated: dict[tuple, float | None] = {}  # (kind, group, size) -> duration (None: not yet timed)
-        self._represented_of: dict[int, tuple[int, ...]] = {}
         self._footprints: dict[tuple, tuple[int, ...]] = {}   # (kind, group, moves bytes) -> any-algorithm links
         self._alone: dict[tuple[int, ...], bool] = {}     # group -> a poster is its only simulated member
         self._inline: dict[tuple, tuple] = {}     # (kind, group, size, rank) -> inline_duration_s's answer
@@ -165,7 +164,7 @@ class NetworkModel:
         key = (kind, group, size)
         started = self._started_shadows.get(key)
         if started is None:
-            shadows = self._shadows(kind, group)
+            shadows = self.shadows.groups(kind, group)
             kept = tuple(g for g in shadows if self._kept is None or (kind, g, size) in self._kept)
             started = self._started_shadows[key] = (kept, len(shadows) - len(kept))
         return started
@@ -295,9 +294,9 @@ class NetworkModel:
         shadows: dict[tuple, None] = {}
         for kind, group, size in real:
             if kind == "send":
-                shadows.update(dict.fromkeys(("send", pair, size) for pair in self._shadow_pairs(*group)))
+                shadows.update(dict.fromkeys(("send", pair, size) for pair in self.shadows.pairs(*group)))
             else:
-                shadows.update(dict.fromkeys((kind, shadow, size) for shadow in self._shadows(kind, group)))
+                shadows.update(dict.fromkeys((kind, shadow, size) for shadow in self.shadows.groups(kind, group)))
         operations = dict.fromkeys(real) | shadows
         # A shadow's footprint is the union over every algorithm NCCL could pick for it (a superset, so
         # pruning stays exact) which spares choosing the algorithm of shadows that are then dropped.
@@ -359,95 +358,6 @@ class NetworkModel:
             schedule = self._schedules[key] = lower_collective(self.topology, kind, group, size_bytes)
         return schedule
 
-    def _represented(self, rank: int) -> tuple[int, ...]:
-        """Unsimulated ranks `rank` stands for: the rest of its stage when it is the stage's representative."""
-        plan = self.plan
-        if plan is None or not 0 <= rank < plan.world_size:
-            return ()
-        found = self._represented_of.get(rank)
-        if found is None:
-            stage = plan.stage_of(rank)
-            found = () if plan.rank_of(dp=0, pp=stage, tp=0) != rank else \
-                tuple(r for r in plan.stage_ranks(stage) if r not in self.simulated)
-            self._represented_of[rank] = found
-        return found
-
-    def _shadows(self, kind: str, group: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        """Groups of the same axis that unsimulated, represented ranks run the same collective over."""
-        key = (kind, group)
-        if key in self._shadow_groups:
-            return self._shadow_groups[key]
-        plan = self.plan
-        found: dict[tuple[int, ...], None] = {}
-        if plan is not None and len(self.simulated) < plan.world_size \
-                and all(0 <= r < plan.world_size for r in group):
-            members = sorted(group)
-            axis = next((a for a in AXES_TRIED if sorted(plan.group_of(members[0], a)) == members), None)
-            if axis is not None:
-                # Position in the real group's listing of each axis coordinate (broadcast root first); a
-                # group_of tuple lists its members in coordinate order, so member i has coordinate i.
-                listed = {plan.group_of(r, axis).index(r): i for i, r in enumerate(group)}
-                seen: set[tuple[int, ...]] = set()
-                covered: set[int] = set()       # members of the groups in `seen` (each rank is in one group)
-                for rank in group:
-                    if rank not in self.simulated:
-                        continue
-                    for other in self._represented(rank):
-                        if other in covered:
-                            continue
-                        shadow_group = plan.group_of(other, axis)
-                        if shadow_group in seen:
-                            continue
-                        seen.add(shadow_group)
-                        covered.update(shadow_group)
-                        if any(r in self.simulated for r in shadow_group):
-                            continue
-                        # keep the members in the order the real group lists them (broadcast root first)
-                        keys = [listed.get(i, i) for i in range(len(shadow_group))]
-                        ordered = tuple(r for _, r in sorted(zip(keys, shadow_group)))
-                        found.setdefault(ordered, None)
-            elif len(group) == 2:
-                self._embedding_shadows(group, found)
-        result = tuple(found)
-        self._shadow_groups[key] = result
-        return result
-
-    def _embedding_shadows(self, group: tuple[int, ...], found: dict[tuple[int, ...], None]) -> None:
-        """A two-rank group of one (dp, tp) across two stages (Megatron's embedding group when pp > 2): the
-        same pair of stages of every represented (dp, tp) copy."""
-        plan = self.plan
-        first, second = (plan.coords(r) for r in group)
-        if (first.dp, first.tp) != (second.dp, second.tp) or first.pp == second.pp:
-            return
-        for rank in group:
-            if rank not in self.simulated:
-                continue
-            for other in self._represented(rank):
-                c = plan.coords(other)
-                pair = (plan.rank_of(dp=c.dp, pp=first.pp, tp=c.tp), plan.rank_of(dp=c.dp, pp=second.pp, tp=c.tp))
-                if not any(r in self.simulated for r in pair):
-                    found.setdefault(pair, None)
-
-    def _shadow_pairs(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
-        """Stage-to-stage pairs of unsimulated ranks that (src, dst) stand for (remembered per pair)."""
-        key = ("shadow pairs", (src, dst))
-        found = self._shadow_groups.get(key)
-        if found is not None:
-            return found
-        plan = self.plan
-        if plan is None or len(self.simulated) == plan.world_size \
-                or not (0 <= src < plan.world_size and 0 <= dst < plan.world_size):
-            found = ()
-        else:
-            # The represented ranks are the rest of src's stage: each one's peer at (its dp, dst's stage, its tp)
-            # is a whole number of pipeline strides away.
-            shift = (plan.stage_of(dst) - plan.stage_of(src)) * plan.stride("pp")
-            simulated = self.simulated
-            found = tuple((other, other + shift) for other in self._represented(src)
-                          if shift != 0 and other + shift not in simulated)
-        self._shadow_groups[key] = found
-        return found
-
     # ----- driving the flow network -------------------------------------------------------------------------
     def _transfer(self, src: int, dst: int, size_bytes: float, waiters: list[Pending], label: str) -> None:
         self._launch(self._lower("send", (src, dst), size_bytes), waiters, label)
@@ -471,7 +381,7 @@ class NetworkModel:
         found = self._shadow_sends.get(key)
         if found is not None:
             return found
-        pairs = self._shadow_pairs(src, dst)
+        pairs = self.shadows.pairs(src, dst)
         schedules = [self._lower("send", pair, size_bytes) for pair in pairs
                      if self._kept is None or ("send", pair, size_bytes) in self._kept]
         kept = len(schedules)
