@@ -77,6 +77,9 @@ def predict(name: str, config: dict, framework: str = "torch") -> Levels:
     live -= tensors[microbatch.input_grad].nbytes
     boundary = live
     weight_peak = walk(microbatch.weight)
+    # The measured step ends when measure_zero_bubble._micro_batch returns, which drops its local x (the stage
+    # input) inside the tracked region; nothing else holds it after W.
+    live -= tensors[microbatch.stage_input].nbytes
     return Levels(forward_end, input_peak, boundary, weight_peak, live)
 
 
