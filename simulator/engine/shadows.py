@@ -26,7 +26,8 @@ class ShadowRanks:
         self.plan = plan
         self.simulated = simulated
         self._represented: dict[int, tuple[int, ...]] = {}
-        self._groups: dict[tuple, tuple] = {}     # (kind, group) or ("shadow pairs", (src, dst)) -> answer
+        self._groups: dict[tuple, tuple[tuple[int, ...], ...]] = {}   # (kind, group) -> groups()
+        self._pairs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}   # (src, dst) -> pairs()
 
     def represented(self, rank: int) -> tuple[int, ...]:
         """Unsimulated ranks `rank` stands for: the rest of its stage when it is the stage's representative."""
@@ -99,8 +100,8 @@ class ShadowRanks:
 
     def pairs(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
         """Stage-to-stage pairs of unsimulated ranks that (src, dst) stand for (remembered per pair)."""
-        key = ("shadow pairs", (src, dst))
-        found = self._groups.get(key)
+        key = (src, dst)
+        found = self._pairs.get(key)
         if found is not None:
             return found
         plan = self.plan
@@ -114,5 +115,5 @@ class ShadowRanks:
             simulated = self.simulated
             found = tuple((other, other + shift) for other in self.represented(src)
                           if shift != 0 and other + shift not in simulated)
-        self._groups[key] = found
+        self._pairs[key] = found
         return found
