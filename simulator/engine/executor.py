@@ -10,8 +10,11 @@ import simpy
 import simpy.core
 
 from simulator import lifetime
+from simulator.engine import memory_worker
 from simulator.engine.allocator import Allocator
 from simulator.engine.logs import PHASE_CODES, IntervalLog
+from simulator.engine.memory_log import (ALLOC, BOUNDARY, COLL_ALLOC, COLL_FREE, FREE, MEASURE, RECV_ALLOC,
+                                         RUN_FREE, apply, where)
 from simulator.engine.results import BlockedInstruction, EngineDeadlock, EngineTrace, collect
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
@@ -38,7 +41,9 @@ class EngineOptions:
     rank_lookahead: bool = True     # ... also past other ranks' events while this rank's other streams are quiet
     inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
     repeats: bool = True            # replay repeated periods of memory calls instead of the allocator (exact)
-    stretches: bool = True          # ... and, in them, repeated stretches of runs and inlined collectives (exact)
+    stretches: bool = True          # replay repeated stretches of runs and inlined collectives (exact)
+    memory_worker: bool | None = None   # make the memory calls in a second process (None: for large runs with
+                                        # two cores or more; engine/memory_worker.py)
 
 
 class _Environment(simpy.Environment):
@@ -105,7 +110,7 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     """
     env = _Environment()
     states = [RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
-    if options.stretches and options.repeats:
+    if options.stretches:
         for state in states:
             state.stretches = Stretches()
     world = _World(env, programs, topology, plan if options.shadow_traffic else None,
@@ -114,13 +119,27 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     for state in states:
         for stream, instructions in state.program.streams.items():
             env.process(_stream_process(env, state, stream, instructions, options, finished, world))
-    env.run()
-    expected = sum(len(s.program.streams) for s in states)
-    if len(finished) != expected and not any(s.failed for s in states):
-        blocked = tuple(_blocked(s, stream) for s in states for stream in sorted(s.blocked))
-        raise EngineDeadlock("simulation deadlocked: " + "; ".join(str(b) for b in blocked), blocked)
+    instructions = sum(map(len, (stream for p in programs for stream in p.streams.values())))
+    count = memory_worker.workers_for(options.memory_worker, instructions, len(states))
+    worker = memory_worker.MemoryWorkers(states, count) if count else None
+    try:
+        env.run()
+        expected = sum(len(s.program.streams) for s in states)
+        if len(finished) != expected and not any(s.failed for s in states):
+            blocked = tuple(_blocked(s, stream) for s in states for stream in sorted(s.blocked))
+            raise EngineDeadlock("simulation deadlocked: " + "; ".join(str(b) for b in blocked), blocked)
+        if worker is not None:
+            outcomes = worker.finish()
+        else:
+            outcomes = []
+            for state in states:
+                apply(state.memory, state.program, *state.log.take())
+                outcomes.append(state.memory.outcome())
+    finally:
+        if worker is not None:
+            worker.close()
     lifetime.keep(states, world, env)
-    return collect(states, env.now)
+    return collect(states, outcomes, env.now)
 
 
 def _blocked(state: RankState, stream: str) -> BlockedInstruction:
@@ -150,7 +169,12 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
     env.now; every memory event, span and mark still gets its exact time. The stream yields (to an event
     at exactly `now`) before anything that other streams or the network can observe at env.now.
     """
-    memory = state.memory
+    # Memory calls are logged, made later (engine/memory_log.py): a word is stream_word | index << 12 | code
+    # (12: memory_log.INDEX_SHIFT, written out on the hot paths).
+    log = state.log
+    log_word, log_time = log.words.append, log.times.append
+    flush_log = state.flush_log
+    stream_word = where(state.stream_ids[stream], 0)
     rank = state.program.rank
     record_spans = options.record_spans
     spans = state.spans[stream]
@@ -197,7 +221,8 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             op = instruction.op
             start = now
             if op.allocs:
-                memory.run_allocate(op.allocs, instruction.shift, instruction.low, stream, start, op.name)
+                log_word(stream_word | (index - 1) << 12)       # RUN_ALLOC
+                log_time(start)
             duration = instruction.duration_s
             if duration > 0:
                 now = start + duration
@@ -211,11 +236,12 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                 span_end(now)
                 span_phase(phase_codes[op.phase])
             if op.frees:
-                memory.run_free(op.frees, instruction.shift, instruction.low, now, op.name)
+                log_word(stream_word | (index - 1) << 12 | RUN_FREE)
+                log_time(now)
         elif kind is Alloc:
-            memory.allocate(instruction.tensors, stream, now, instruction.reason)
+            log.add(stream_word | (index - 1) << 12 | ALLOC, now)
         elif kind is Free:
-            memory.free(instruction.tensors, now, instruction.reason)
+            log.add(stream_word | (index - 1) << 12 | FREE, now)
         elif kind is Signal or kind is Blocking:
             # A blocking collective runs inline: a Blocking one, or the Collective after a Signal with a plan.
             if kind is Blocking:
@@ -227,7 +253,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                 inline = plan is not None
             if inline and own and (now < peek() or may_go_on()):
                 start = now
-                end = _inline_blocking(state, world, collective, name, now) if plan is None \
+                end = _inline_blocking(state, world, collective, name, index - 1, now) if plan is None \
                     else _inline(state, world, plan, instruction.event, now)
                 if end is not None:
                     if plan is not None:
@@ -239,7 +265,8 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                             own = ahead
                             quiet = None
                     if plan is None:
-                        _record_inline(state, name, collective, start, now, record_spans)
+                        _record_inline(state, name, collective, stream_word | (index - 1) << 12, start, now,
+                                       record_spans)
                     else:
                         _finish_inline(state, plan, start, now, record_spans)
                     continue
@@ -292,10 +319,12 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
                 if stream == COMPUTE_STREAM and signaller is not None and now > waited_from:
                     _expose(state, signaller, waited_from, now)
         elif kind is Period:
-            memory.boundary(instruction)
+            log.add(stream_word | (index - 1) << 12 | BOUNDARY, now)
+            if flush_log is not None:
+                flush_log()               # send the log to the memory worker when it is long enough
         elif kind is Mark:
             if instruction.label == "measure":
-                memory.start_measuring()
+                log.add(stream_word | (index - 1) << 12 | MEASURE, now)
             state.marks.append((instruction.label, instruction.iteration, now))
         elif kind is Collective or kind is Send or kind is Recv:
             if now > env.now:
@@ -304,9 +333,9 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             state.comm_streams[stream] = None
             if kind is Collective:
                 if instruction.allocs:
-                    memory.collective_allocate(instruction, stream, now)
+                    log.add(stream_word | (index - 1) << 12 | COLL_ALLOC, now)
             elif kind is Recv and instruction.allocs:
-                memory.allocate(instruction.allocs, stream, now, instruction.name)
+                log.add(stream_word | (index - 1) << 12 | RECV_ALLOC, now)
             network = world.network(rank, instruction)
             if kind is Collective:
                 pending = network.collective(rank, instruction)
@@ -322,7 +351,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             quiet = None
             state.blocked.pop(stream, None)
             started = pending.start_s
-            _record_comm(state, stream, instruction, started, now, record_spans)
+            _record_comm(state, stream, instruction, stream_word | (index - 1) << 12, started, now, record_spans)
             if stream == COMPUTE_STREAM and now > started:
                 state.exposed_intervals.add(started, now)
     for parked in list(state.parked) if stream == COMPUTE_STREAM else ():
@@ -346,8 +375,9 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
         if done is not None:
             return done
         watched = stretches.watch(state, world.network_model, instructions, index, now_s)
-    memory = state.memory
-    run_allocate, run_free = memory.run_allocate, memory.run_free
+    log = state.log
+    log_word, log_time = log.words.append, log.times.append
+    compute_word = where(state.stream_ids[COMPUTE_STREAM], 0)
     spans = state.spans[COMPUTE_STREAM]
     span_info, span_start, span_end, span_phase = \
         spans.infos.append, spans.starts.append, spans.ends.append, spans.phases.append
@@ -363,7 +393,8 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
             op = instruction.op
             start = now
             if op.allocs:
-                run_allocate(op.allocs, instruction.shift, instruction.low, COMPUTE_STREAM, start, op.name)
+                log_word(compute_word | (index - 1) << 12)       # RUN_ALLOC
+                log_time(start)
             duration = instruction.duration_s
             if duration > 0:
                 now = start + duration
@@ -373,7 +404,8 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
                 span_end(now)
                 span_phase(phase_codes[op.phase])
             if op.frees:
-                run_free(op.frees, instruction.shift, instruction.low, now, op.name)
+                log_word(compute_word | (index - 1) << 12 | RUN_FREE)
+                log_time(now)
         elif kind is Signal:
             plan = inline_plans.get(instruction.event)
             if plan is None:
@@ -390,14 +422,14 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
             if not state.inline_collectives:
                 break
             collective, name = instruction
-            end = _inline_blocking(state, world, collective, name, now)
+            end = _inline_blocking(state, world, collective, name, index, now)
             if end is None:
                 break
-            index += 1
             start = now
             if end > now:
                 now = end
-            _record_inline(state, name, collective, start, now, record_spans)
+            _record_inline(state, name, collective, compute_word | index << 12, start, now, record_spans)
+            index += 1
         else:
             break
     if watched is not None:
@@ -429,7 +461,7 @@ def _inline(state: RankState, world: _World, plan: tuple[str, int], ready: str, 
     state.cursor[name] = k + 3
     state.comm_streams[name] = None
     if collective.allocs:
-        state.memory.collective_allocate(collective, name, now_s)
+        state.log.add(where(state.stream_ids[name], k + 1) | COLL_ALLOC, now_s)
     return now_s + duration
 
 
@@ -438,7 +470,8 @@ def _finish_inline(state: RankState, plan: tuple[str, int], start_s: float, end_
     """At the inlined collective's end, in the normal path's order: its stream's intervals, span and frees,
     then the compute stream's exposure; a stream with nothing left is woken to finish."""
     name, k = plan
-    _record_inline(state, name, state.program.streams[name][k + 1], start_s, end_s, record_spans)
+    _record_inline(state, name, state.program.streams[name][k + 1], where(state.stream_ids[name], k + 1), start_s,
+                   end_s, record_spans)
     if state.cursor[name] >= len(state.program.streams[name]):
         state.release(name, end_s)
 
@@ -450,12 +483,13 @@ def _post_blocking(env: _Environment, state: RankState, world: _World, instructi
     collective, name = instruction
     rank = state.program.rank
     state.comm_streams[name] = None
+    at = where(state.stream_ids[COMPUTE_STREAM], index)       # the memory calls name the Blocking instruction
     if collective.allocs:
-        state.memory.collective_allocate(collective, name, env.now)
+        state.log.add(at | COLL_ALLOC, env.now)
     pending = world.network(rank, collective).collective(rank, collective)
     state.blocked[COMPUTE_STREAM] = (index, instruction, pending)
     yield pending.done
-    _record_comm(state, name, collective, pending.start_s, env.now, record_spans)
+    _record_comm(state, name, collective, at, pending.start_s, env.now, record_spans)
     env.trigger_at(resume, env.now)
 
 
@@ -469,11 +503,12 @@ def _check_stream(state: RankState, collective, name: str, waiter: str) -> None:
                         f"which its program does not have (streams: {', '.join(state.spans)})")
 
 
-def _inline_blocking(state: RankState, world: _World, collective, name: str, now_s: float) -> float | None:
+def _inline_blocking(state: RankState, world: _World, collective, name: str, index: int,
+                     now_s: float) -> float | None:
     """Run a Blocking collective inline if exact, as _inline does: its stream has nothing outstanding by
     construction, so only its having started (reached its first wait, as can_inline asks) and the network's
     condition remain (an absent stream never starts: the Blocking branch reports it); returns the end time, or
-    None."""
+    None. `index`: the Blocking instruction's, in the compute stream."""
     if name not in state.started:
         return None
     rank = state.program.rank
@@ -482,14 +517,14 @@ def _inline_blocking(state: RankState, world: _World, collective, name: str, now
         return None
     state.comm_streams[name] = None
     if collective.allocs:
-        state.memory.collective_allocate(collective, name, now_s)
+        state.log.add(where(state.stream_ids[COMPUTE_STREAM], index) | COLL_ALLOC, now_s)
     return now_s + duration
 
 
-def _record_comm(state: RankState, stream: str, instruction, start_s: float, end_s: float,
+def _record_comm(state: RankState, stream: str, instruction, at: int, start_s: float, end_s: float,
                  record_spans: bool) -> None:
     """A transfer of `stream` that ended: its communication interval, its span (the instruction is its info:
-    engine/timelines.py) and a collective's frees."""
+    engine/timelines.py) and a collective's frees (`at`: the memory log's word of the instruction that posted it)."""
     if end_s > start_s:
         state.comm_intervals.add(start_s, end_s)
         transfers = state.stream_transfers.get(stream)
@@ -499,14 +534,14 @@ def _record_comm(state: RankState, stream: str, instruction, start_s: float, end
     if record_spans:
         state.spans[stream].add_comm(instruction, start_s, end_s)
     if type(instruction) is Collective and instruction.frees:
-        state.memory.collective_free(instruction, end_s)
+        state.log.add(at | COLL_FREE, end_s)
 
 
-def _record_inline(state: RankState, name: str, collective, start_s: float, end_s: float,
+def _record_inline(state: RankState, name: str, collective, at: int, start_s: float, end_s: float,
                    record_spans: bool) -> None:
     """An inlined collective's end, in the normal path's order: its stream's intervals, span and frees, then the
     compute stream's exposure."""
-    _record_comm(state, name, collective, start_s, end_s, record_spans)
+    _record_comm(state, name, collective, at, start_s, end_s, record_spans)
     if end_s > start_s:
         state.exposed_intervals.add(start_s, end_s)     # the compute stream waited all along
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from operator import gt
 
 from simulator.engine.allocator import Allocator, OutOfMemory
@@ -13,6 +14,22 @@ from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
 _CATEGORY_INDEX = {name: i for i, name in enumerate(CATEGORIES)}
 UNBOUNDED_BYTES = 1 << 44     # capacity after an OOM (16 TiB): keep simulating to measure the requirement
 _NONE_HASH = hash(None)       # a boundary's digest when its state is not computed
+
+
+@dataclass
+class MemoryOutcome:
+    """What a rank's memory calls left: the samples, the allocator's events and segments, the first OOM, the peaks."""
+
+    samples: list                 # flat (time_s, allocated, reserved, by_category) quadruples
+    events: list                  # AllocatorEvent
+    segments: list                # the snapshot's "segments"
+    oom: OomInfo | None
+    peak_allocated: int
+    peak_reserved: int
+    peak_time_s: float
+    peak_op: str
+    peak_breakdown: tuple
+    category_peaks: list
 
 
 class RankMemory:
@@ -248,6 +265,56 @@ class RankMemory:
             if handle is not None:
                 self.allocator.rename(handle, op)
 
+    def replay_runs(self, words, times, start: int, streams: list) -> int:
+        """Replay logged Run calls (engine/memory_log.py) from words[start] while they are the period's next calls
+        (the fast match of _replayed_run, and _replay, in one loop: most calls of a large run go through here);
+        returns the index of the first word not replayed."""
+        skipping = self._skipping
+        calls, position, reference = skipping.calls, skipping.position, skipping.reference
+        count, end = len(calls), len(words)
+        record_timeline = self.record_timeline
+        measuring = self.measuring and not skipping.passes      # (Skipping.passes: peaks are settled)
+        samples, peaks = self.samples, self.category_peaks
+        i = start
+        while i < end and position < count:
+            word = words[i]
+            code = word & 15
+            if code > 1:                           # RUN_ALLOC = ALLOC, RUN_FREE = FREE
+                break
+            stream_id = (word >> 4) & 255
+            instruction = streams[stream_id][word >> 12]
+            op = instruction.op
+            call = calls[position]
+            if call.template is not (op.frees if code else op.allocs) or call.kind != code \
+                    or call.delta != instruction.shift - reference or call.op != op.name \
+                    or call.stream != (0 if code else stream_id):
+                break
+            position += 1
+            time_s = times[i]
+            i += 1
+            by_category = call.by_category
+            if call.events:
+                skipping.position = position
+                self._replay_events(call, time_s, op.name)
+            allocated, reserved = call.allocated, call.reserved
+            if record_timeline:
+                samples += (time_s, allocated, reserved, by_category)
+            if measuring:
+                if any(map(gt, by_category, peaks)):
+                    for k, value in enumerate(by_category):
+                        if value > peaks[k]:
+                            peaks[k] = value
+                if allocated > self.peak_allocated:
+                    self.peak_allocated = allocated
+                    self.peak_time_s = time_s
+                    self.peak_op = op.name
+                    self.peak_breakdown = by_category
+                if reserved > self.peak_reserved:
+                    self.peak_reserved = reserved
+            self.by_category = by_category
+        skipping.position = position
+        return i
+
     def _replayed(self, kind: int, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str) -> bool:
         """Replay this call's outcome if it is the next call of the period; else catch up (False)."""
         skipping = self._skipping
@@ -301,6 +368,13 @@ class RankMemory:
         self.category_peaks = list(self.by_category)
         self.peak_allocated = self.allocator.allocated_bytes
         self.peak_breakdown = tuple(self.by_category)
+
+    def outcome(self) -> MemoryOutcome:
+        """What the calls made so far left (a replayed period caught up first)."""
+        self.catch_up()
+        return MemoryOutcome(self.samples, self.allocator.events, self.allocator.segments(), self.first_oom,
+                             max(self.peak_allocated, 0), self.peak_reserved, self.peak_time_s, self.peak_op,
+                             self.peak_breakdown, self.category_peaks)
 
     def oom_info(self, error: OutOfMemory, time_s: float, op: str, tensor_id: int) -> OomInfo:
         """Describe an out-of-memory failure: what was live and which op asked."""

@@ -12,6 +12,8 @@ import simpy
 from simulator.engine.allocator import Allocator
 from simulator.engine.logs import IntervalLog, SpanLog
 from simulator.engine.memory import RankMemory
+from simulator.engine.memory_log import MAX_STREAMS, MemoryLog
+from simulator.errors import PlanError
 from simulator.parallel.program import Collective, Period, Program, Recv, Send, Signal, WaitFor
 from simulator.trace.records import RankTrace
 
@@ -28,7 +30,10 @@ class RankState:
     def __init__(self, program: Program, allocator: Allocator, capacity_bytes: int,
                  options: EngineOptions, env: simpy.Environment):
         stream_ids = {name: i for i, name in enumerate(program.streams)}
+        if len(stream_ids) > MAX_STREAMS:
+            raise PlanError(f"rank {program.rank}: {len(stream_ids)} streams; at most {MAX_STREAMS} are allowed")
         self.program = program
+        self.stream_ids = stream_ids
         self.record_spans = options.record_spans
         self.inline_collectives = options.inline_collectives     # Blocking instructions too (executor)
         self.started: set[str] = set()               # streams whose process has begun
@@ -36,6 +41,8 @@ class RankState:
         self.handoffs: dict[str, tuple] = {}
         self.stretches = None                        # a Stretches (engine/stretches.py) when the executor replays them
         self.memory = RankMemory(allocator, program.tensors, stream_ids, options.record_timeline, options.repeats)
+        self.log = MemoryLog()                       # its calls, made later (engine/memory_log.py)
+        self.flush_log = None                        # sends the log to a memory worker (engine/memory_worker.py)
         self.trace = RankTrace(program.rank, program.device, capacity_bytes)
         self.spans: dict[str, SpanLog] = {name: SpanLog() for name in program.streams}    # per stream, in order
         self.done: set[str] = set()                  # streams that finished

@@ -127,7 +127,7 @@ class Skipping:
     """A recognised period being replayed: the recording, the position in it and the frozen reference."""
 
     __slots__ = ("low", "high", "calls", "position", "reference", "frozen_reference", "step", "by_category",
-                 "renamed")
+                 "renamed", "passes")
 
     def __init__(self, boundary: Period, calls: list, step: int, by_category: list[int]):
         self.low, self.high = boundary.low, boundary.high
@@ -138,6 +138,9 @@ class Skipping:
         self.step = step                         # shift distance of one period
         self.by_category = tuple(by_category)    # bytes by category at the frozen boundary
         self.renamed: dict[int, str] = {}        # tensor id -> op that really allocated it (names differ)
+        # Whole periods replayed: after one, replaying the same outcomes again cannot raise a peak (a peak
+        # reset ends the replay: RankMemory.start_measuring catches up first).
+        self.passes = 0
 
     def advance(self, boundary: Period) -> bool:
         """A boundary where the period expects one (inside it, or starting the next): True, and move on."""
@@ -148,6 +151,7 @@ class Skipping:
             if boundary.key == first.key and boundary.shift - self.reference == self.step:
                 self.reference = boundary.shift
                 self.position = 1
+                self.passes += 1
                 return True
             return False
         call = self.calls[self.position]

@@ -14,6 +14,7 @@ from simulator.trace.records import Trace
 from simulator.workload.graph import CATEGORIES
 
 if TYPE_CHECKING:
+    from simulator.engine.memory import MemoryOutcome
     from simulator.engine.rank_state import RankState
 
 
@@ -94,24 +95,22 @@ def covered(pairs: np.ndarray, start_s: float, end_s: float) -> float:
     return float(np.cumsum(lengths)[-1]) if len(lengths) else 0.0
 
 
-def collect(states: list[RankState], end_time_s: float) -> EngineTrace:
-    """Each simulated rank's trace and communication once the simulation has ended."""
+def collect(states: list[RankState], outcomes: list[MemoryOutcome], end_time_s: float) -> EngineTrace:
+    """Each simulated rank's trace and communication once the simulation has ended, with its memory outcome."""
     ranks = []
     bounds: list[tuple[float, float]] = []
     communication: dict[int, RankCommunication] = {}
-    for state in states:
+    for state, memory in zip(states, outcomes):
         # Sorted: with lookahead, streams of a rank append them out of time order (totals are unchanged).
         communication[state.program.rank] = RankCommunication(state.comm_intervals.sorted_pairs(),
                                                               state.exposed_intervals.sorted_pairs())
-        memory = state.memory
-        memory.catch_up()
         trace = state.trace
         trace.spans = SpanColumns(state.program.rank, [(name, state.spans[name]) for name in state.program.streams])
         trace.memory = SampleColumns(memory.samples)
-        trace.allocator_events = memory.allocator.events
-        trace.final_segments = memory.allocator.segments()
-        trace.oom = memory.first_oom
-        trace.peak_allocated = max(memory.peak_allocated, 0)
+        trace.allocator_events = memory.events
+        trace.final_segments = memory.segments
+        trace.oom = memory.oom
+        trace.peak_allocated = memory.peak_allocated
         trace.peak_reserved = memory.peak_reserved
         trace.peak_time_s = memory.peak_time_s
         trace.peak_op = memory.peak_op

@@ -1,19 +1,19 @@
 """Replay of the compute stream's repeated stretches: a micro-batch copy's runs and inlined collectives, applied in
-bulk from a record of an earlier copy's, while the rank's memory calls are in a replayed period.
+bulk from a record of an earlier copy's.
 
 The executor runs a stretch (consecutive runs and inlined collectives, nothing that can make the compute stream
 yield: executor._run_stretch) instruction by instruction. In a pipeline's steady state each micro-batch copy's
 forward and backward run the same stretches: the same template ops (workload/stage.py), the same durations,
-collectives of the same kind, group and size, and, while a period of memory calls is being replayed
-(engine/repeats.py), the same recorded calls at the same position of the period. What such a stretch does then
-depends on nothing but its start time: spans, memory samples and peaks, communication intervals, the inlined
-streams' cursors. So the first time a stretch starting with a given op at a given position of a period runs,
-its effects are predicted from its instructions and the recorded calls and compared with what the executor
-really did; when equal, they are kept as a `StretchRecord`. A later stretch with the same first op, period,
-position and shift relative to the period, whose instructions match the record one by one (ops by identity,
-durations, shifts, collectives' kind, group, size and stream positions), is applied from the record: its times
-are the start time plus the durations accumulated in the same order (so the same floats), everything else is
-copied. Results are identical to running it (tests/test_stretches.py compares them).
+collectives of the same kind, group, size and name. What such a stretch does then depends on nothing but its start
+time and where its instructions stand: spans, communication intervals, the inlined streams' cursors, and the
+memory calls it logs (engine/memory_log.py: words naming its instructions, with times). So the first time a
+stretch starting with a given op runs, its effects are predicted from its instructions and compared with what the
+executor really did; when equal, they are kept as a `StretchRecord`. A later stretch with the same first op whose
+instructions match the record one by one (ops by identity, durations, shifts, iterations, collectives' kind,
+group, size, name, iteration and stream positions) is applied from the record: its times are the start time plus
+the durations accumulated in the same order (so the same floats), its memory words the record's moved to where
+its instructions stand, everything else copied. Results are identical to running it (tests/test_stretches.py
+compares them).
 """
 
 from __future__ import annotations
@@ -21,44 +21,40 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-from operator import is_, itemgetter
+from operator import add, is_, itemgetter
 from typing import TYPE_CHECKING
 
 from simulator.engine.logs import IntervalLog, doubles, packer, phase_array, positive, span_columns
+from simulator.engine.memory_log import COLL_ALLOC, COLL_FREE, RUN_ALLOC, RUN_FREE, where
 from simulator.engine.rank_state import COMPUTE_STREAM
-from simulator.parallel.program import Blocking, Run, Signal
+from simulator.parallel.program import Blocking, Collective, Run, Signal
 
 if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
     from simulator.engine.rank_state import RankState
 
 MIN_LENGTH = 8                # shorter stretches are not worth a record
+MAX_RECORDS = 4               # records (and failed attempts) per first op
 
 
 @dataclass(slots=True)
 class StretchRecord:
     """What one stretch did, relative to its start time, and what a later one must match to be replayed."""
 
-    calls: list                       # the replayed period's calls (identity checked)
-    delta: int                        # the runs' shift minus the period's reference
-    measuring: bool
     length: int                       # instructions consumed
     runs: tuple                       # (position in the stretch, op, duration, iteration, low) of each run
     inlines: tuple                    # (position, stream, k - first k of that stream or None for a Blocking
-                                      # instruction, kind, group, size, memory)
+                                      # instruction, the recorded collective, its memory tensors)
     durations: tuple                  # per step (a run or a collective), the time it adds
     span_runs: tuple                  # per run: the recorded Run, a span's info (only its op and iteration are read)
     span_steps: tuple                 # per run: its step (the span is times[step], times[step + 1])
     comm: tuple                       # per inlined collective: (stream, step, span info: the recorded collective)
     sample_steps: tuple               # per memory call: the index of its time in the stretch's times
-    sample_ops: tuple                 # per memory call: the op name passed to the sample
+    memory_words: tuple               # per memory call: its log word, relative to where its stream's part starts
+    memory_bases: tuple               # per memory call: that stream (the compute stream, or an inlined one)
     streams: tuple                    # inlined streams, in order of first use
     isolated: int                     # network counters added
     dropped: int
-    category_max: tuple = ()          # over the memory calls: the largest bytes per category,
-    allocated_peak: int = 0           # the index of the first call with the largest allocated bytes,
-    reserved_peak: int = 0            # and the largest reserved bytes
-    sample_fields: tuple = ((), (), ())    # the calls' allocated, reserved and by_category
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)
@@ -97,15 +93,11 @@ class StretchRecord:
                 return span_columns(infos, starts(times), ends(times), phases)
         return span_columns((), (), (), array("H"))
 
-    def samples(self, times: list[float]) -> list:
-        """The flat memory samples of this stretch's calls."""
-        allocated, reserved, categories = self.sample_fields
-        flat = [None] * (4 * len(allocated))
-        flat[0::4] = self.sample_times(times)
-        flat[1::4] = allocated
-        flat[2::4] = reserved
-        flat[3::4] = categories
-        return flat
+    def words(self, index: int, starts: dict[str, int]) -> map:
+        """The memory words of this stretch started at `index`, its inlined streams' parts at `starts`."""
+        bases = {name: k << 12 for name, k in starts.items()}
+        bases[COMPUTE_STREAM] = index << 12
+        return map(add, self.memory_words, map(bases.__getitem__, self.memory_bases))
 
 
 def _picker(indices) -> itemgetter:
@@ -127,32 +119,27 @@ class Stretches:
     """One rank's stretch records and the bookkeeping of learning one."""
 
     def __init__(self) -> None:
-        self.records: dict[tuple[int, int], StretchRecord] = {}
+        self.records: dict[int, list[StretchRecord]] = {}    # id(first op) -> records
+        self.failures: dict[int, int] = {}                   # id(first op) -> stretches not learnable
         self.replayed = 0             # stretches applied from a record (tests check it is used)
 
     # replay ----------------------------------------------------------------------------------------
     def replay(self, state: RankState, network: NetworkModel | None, instructions, index: int,
                now_s: float) -> tuple[int, float] | None:
         """Apply the stretch at `index` from its record if one matches; (next index, clock), else None."""
-        memory = state.memory
-        skipping = memory._skipping
-        if skipping is None:
-            return None
         first = instructions[index]
-        record = self.records.get((id(first.op), skipping.position))
-        if record is None or record.calls is not skipping.calls or record.measuring != memory.measuring \
-                or first.shift - skipping.reference != record.delta or memory.first_oom is not None:
-            return None
-        end = index + record.length
-        if end > len(instructions):
-            return None
-        if not _runs_match(record.run_columns, instructions[index:end], first.shift):
-            return None
-        starts = self._inline_starts(state, network, instructions, index, record)
-        if starts is None:
-            return None
-        self.replayed += 1
-        return end, self._apply(state, network, now_s, record, starts)
+        for record in self.records.get(id(first.op), ()):
+            end = index + record.length
+            if end > len(instructions):
+                continue
+            if not _runs_match(record.run_columns, instructions[index:end], first.shift):
+                continue
+            starts = self._inline_starts(state, network, instructions, index, record)
+            if starts is None:
+                continue
+            self.replayed += 1
+            return end, self._apply(state, network, index, now_s, record, starts)
+        return None
 
     def _inline_starts(self, state: RankState, network, instructions, index: int,
                        record: StretchRecord) -> dict[str, int] | None:
@@ -160,14 +147,12 @@ class Stretches:
         starts: dict[str, int] = {}
         streams = state.program.streams
         shift, low = instructions[index].shift, instructions[index].low
-        for position, name, dk, kind, group, size, tensors in record.inlines:
+        for position, name, dk, recorded, tensors in record.inlines:
             signal = instructions[index + position]
             if dk is None:
                 if type(signal) is not Blocking or signal.stream != name:
                     return None
-                collective = signal.collective
-                if collective.kind != kind or collective.group != group or collective.size_bytes != size \
-                        or not _same_tensors(collective, tensors, shift, low):
+                if not _same_collective(signal.collective, recorded, tensors, shift, low):
                     return None
                 continue
             if type(signal) is not Signal:
@@ -180,9 +165,7 @@ class Stretches:
             if k - dk != first_k:
                 return None
             other = streams[name]
-            collective = other[k + 1]
-            if collective.kind != kind or collective.group != group or collective.size_bytes != size \
-                    or not _same_tensors(collective, tensors, shift, low):
+            if not _same_collective(other[k + 1], recorded, tensors, shift, low):
                 return None
             if k + 3 >= len(other):
                 return None                      # the stream would be released at the end: not recorded
@@ -195,18 +178,18 @@ class Stretches:
             return None
         return starts
 
-    def _apply(self, state: RankState, network, now_s: float, record: StretchRecord,
+    def _apply(self, state: RankState, network, index: int, now_s: float, record: StretchRecord,
                starts: dict[str, int]) -> float:
-        """Apply the record from `now_s`; returns the clock at its end."""
-        memory = state.memory
-        skipping = memory._skipping
+        """Apply the record at `index` from `now_s`; returns the clock at its end."""
         times = list(accumulate(record.durations, initial=now_s))
-        p0 = skipping.position
-        count = len(record.sample_steps)
+        if record.memory_words:
+            log = state.log
+            log.words.extend(record.words(index, starts))
+            log.times.extend(record.sample_times(times))
         if state.record_spans:
-            starts, ends = record.span_times
+            span_starts, span_ends = record.span_times
             pack = record.span_pack
-            state.spans[COMPUTE_STREAM].extend(record.span_runs, pack(*starts(times)), pack(*ends(times)),
+            state.spans[COMPUTE_STREAM].extend(record.span_runs, pack(*span_starts(times)), pack(*span_ends(times)),
                                                record.span_phases)
         streams = state.program.streams
         for name in record.streams:
@@ -236,96 +219,82 @@ class Stretches:
         if network is not None:
             network.isolated_operations += record.isolated
             network.shadows_dropped += record.dropped
-        if not count:
-            return times[-1]
-        skipping.position = p0 + count
-        memory.by_category = record.calls[p0 + count - 1].by_category
-        if memory.record_timeline:
-            memory.samples += record.samples(times)
-        if memory.measuring:
-            # The calls' peaks, taken one by one, leave the largest value, first reached (precomputed).
-            peaks = memory.category_peaks
-            for i, value in enumerate(record.category_max):
-                if value > peaks[i]:
-                    peaks[i] = value
-            at = record.allocated_peak
-            call = record.calls[p0 + at]
-            if call.allocated > memory.peak_allocated:
-                memory.peak_allocated = call.allocated
-                memory.peak_time_s = times[record.sample_steps[at]]
-                memory.peak_op = record.sample_ops[at]
-                memory.peak_breakdown = call.by_category
-            if record.reserved_peak > memory.peak_reserved:
-                memory.peak_reserved = record.reserved_peak
         return times[-1]
 
     # learning --------------------------------------------------------------------------------------
     def watch(self, state: RankState, network, instructions, index: int, now_s: float) -> tuple | None:
         """Before the executor runs the stretch at `index`: what to compare afterwards (None: not learnable)."""
-        memory = state.memory
-        skipping = memory._skipping
-        if skipping is None or memory.first_oom is not None or memory.allocator._log is not None or network is None:
+        if network is None:
             return None
-        first = instructions[index]
-        if (id(first.op), skipping.position) in self.records:
-            return None                   # recorded, but this stretch did not match it
+        key = id(instructions[index].op)
+        if len(self.records.get(key, ())) + self.failures.get(key, 0) >= MAX_RECORDS:
+            return None                   # enough tried for stretches starting with this op
         names = [n for n in state.program.streams if n != COMPUTE_STREAM]
-        return (index, now_s, skipping, skipping.position, first.shift - skipping.reference, memory.measuring,
-                len(memory.samples), len(state.spans[COMPUTE_STREAM]),
+        return (index, now_s, len(state.log), len(state.spans[COMPUTE_STREAM]),
                 {n: len(state.spans[n]) for n in names},
                 len(state.comm_intervals), len(state.exposed_intervals),
                 {n: len(state.stream_transfers.get(n, ())) for n in names},
-                dict(state.cursor), dict(state.parked), len(skipping.renamed),
-                (network.isolated_operations, network.shadows_dropped))
+                dict(state.cursor), dict(state.parked), (network.isolated_operations, network.shadows_dropped))
 
     def learn(self, watched: tuple, state: RankState, network, instructions, end: int, now_s: float) -> None:
         """After the executor ran the stretch: keep a record of it if predicting it reproduces what it did."""
-        (index, start_s, skipping, p0, delta, measuring, n_samples, n_spans, n_comm_spans, n_intervals, n_exposed,
-         n_transfers, cursor0, parked0, n_renamed, counters) = watched
-        memory = state.memory
-        if end - index < MIN_LENGTH or memory._skipping is not skipping or memory.measuring != measuring \
-                or len(skipping.renamed) != n_renamed or memory.first_oom is not None:
+        (index, start_s, n_calls, n_spans, n_comm_spans, n_intervals, n_exposed, n_transfers, cursor0, parked0,
+         counters) = watched
+        if end - index < MIN_LENGTH:
             return
-        record = self._predict(state, network, instructions, index, end, skipping, p0, delta, measuring, counters,
-                               cursor0)
-        if record is None:
-            self.records[(id(instructions[index].op), p0)] = None     # not learnable: do not try again
+        key = id(instructions[index].op)
+        predicted = self._predict(state, network, instructions, index, end, counters, cursor0)
+        if predicted is None or not self._reproduces(*predicted, state, index, start_s, now_s, watched):
+            self.failures[key] = self.failures.get(key, 0) + 1
             return
-        # The prediction must give exactly what the executor did.
+        self.records.setdefault(key, []).append(predicted[0])      # the record keeps that op alive
+
+    @staticmethod
+    def _reproduces(record: StretchRecord, starts: dict[str, int], state: RankState, index: int, start_s: float,
+                    now_s: float, watched: tuple) -> bool:
+        """Whether applying `record` at `index` (inlined streams' parts at `starts`) gives exactly what the executor
+        did."""
+        (_, _, n_calls, n_spans, n_comm_spans, n_intervals, n_exposed, n_transfers, _, parked0, _) = watched
         times = list(accumulate(record.durations, initial=start_s))
-        if times[-1] != now_s or skipping.position != p0 + len(record.sample_steps):
-            return
+        if times[-1] != now_s:
+            return False
+        log = state.log
+        if log.words[n_calls:] != array("q", record.words(index, starts)) \
+                or log.times[n_calls:] != array("d", record.sample_times(times)):
+            return False
         if state.record_spans:
             if state.spans[COMPUTE_STREAM].since(n_spans) != record.run_spans(times):
-                return
+                return False
             for name, n in n_comm_spans.items():
                 if state.spans[name].since(n) != record.comm_spans(times, name):
-                    return
-        if memory.record_timeline and memory.samples[n_samples:] != record.samples(times):
-            return
+                    return False
         intervals = _intervals(times, [step for _, step, _ in record.comm])
         if state.comm_intervals.since(n_intervals) != intervals \
                 or state.exposed_intervals.since(n_exposed) != intervals:
-            return
+            return False
         for name, n in n_transfers.items():
             mine = _intervals(times, [step for s, step, _ in record.comm if s == name])
             transfers = state.stream_transfers.get(name)
             if (transfers.since(n) if transfers is not None else (array("d"), array("d"))) != mine:
-                return
+                return False
         for name in record.streams:
             if name not in state.parked or (name in parked0 and parked0[name] != state.parked[name]):
-                return
-        self.records[(id(record.runs[0][1]), p0)] = record     # the record keeps that op alive
+                return False
+        return True
 
-    def _predict(self, state: RankState, network, instructions, index: int, end: int, skipping, p0: int,
-                 delta: int, measuring: bool, counters: tuple, cursor0: dict) -> StretchRecord | None:
-        """The record of instructions[index:end] (runs, inlined Signal/WaitFor pairs and Blocking collectives), or
-        None if it has
-        anything a record cannot reproduce."""
+    def _predict(self, state: RankState, network, instructions, index: int, end: int, counters: tuple,
+                 cursor0: dict) -> tuple[StretchRecord, dict[str, int]] | None:
+        """The record of instructions[index:end] (runs, inlined Signal/WaitFor pairs and Blocking collectives) and,
+        per inlined stream, the k of its first collective; None if it has anything a record cannot reproduce."""
         shift = instructions[index].shift
-        runs, inlines, durations, span_runs, span_steps, comm, sample_steps, sample_ops = [], [], [], [], [], [], [], []
+        runs, inlines, durations, span_runs, span_steps, comm = [], [], [], [], [], []
+        sample_steps: list[int] = []
+        words: list[int] = []
+        bases: list[str] = []
         first_k: dict[str, int] = {}
         streams = state.program.streams
+        stream_ids = state.stream_ids
+        compute_id = stream_ids[COMPUTE_STREAM]
         position = index
         while position < end:
             instruction = instructions[position]
@@ -338,13 +307,15 @@ class Stretches:
                 durations.append(instruction.duration_s if instruction.duration_s > 0 else 0.0)
                 span_runs.append(instruction)
                 span_steps.append(step)
-                _calls(op, step, sample_steps, sample_ops)
+                at = where(compute_id, position - index)
+                _calls(op, step, at | RUN_ALLOC, at | RUN_FREE, COMPUTE_STREAM, sample_steps, words, bases)
                 position += 1
             elif type(instruction) is Signal or type(instruction) is Blocking:
                 if network is None:
                     return None
                 if type(instruction) is Blocking:
                     (collective, name), dk, width = instruction, None, 1
+                    at, base = where(compute_id, position - index), COMPUTE_STREAM
                 else:
                     plan = state.inline_plans.get(instruction.event)
                     if plan is None:
@@ -353,15 +324,17 @@ class Stretches:
                     if k + 3 >= len(streams[name]):
                         return None
                     collective, dk, width = streams[name][k + 1], k - first_k.setdefault(name, k), 2
+                    at, base = where(stream_ids[name], dk + 1), name
                 duration = network.timed_isolated_s(collective.kind, collective.group, collective.size_bytes)
                 tensors = _tensors(collective, shift, instructions[index].low)
                 if duration is None or duration < 0 or tensors is None:
                     return None
-                inlines.append((position - index, name, dk, collective.kind, collective.group, collective.size_bytes,
-                                tensors))
+                inlines.append((position - index, name, dk, collective, tensors))
                 durations.append(duration)
                 comm.append((name, step, collective))
-                _calls(collective, step, sample_steps, sample_ops)
+                frees = collective.frees if type(collective) is Collective else ()
+                _calls(collective, step, at | COLL_ALLOC, at | COLL_FREE if frees else None, base, sample_steps,
+                       words, bases)
                 position += width
             else:
                 return None
@@ -375,17 +348,10 @@ class Stretches:
             if network is not None else (0, 0)
         if isolated != len(inlines):
             return None
-        calls = skipping.calls[p0:p0 + len(sample_steps)]
-        if len(calls) != len(sample_steps) or any(call.kind not in (0, 1) for call in calls):
-            return None
-        category_max = tuple(map(max, zip(*(call.by_category for call in calls)))) if calls else ()
-        allocated = [call.allocated for call in calls]
-        return StretchRecord(skipping.calls, delta, measuring, end - index, tuple(runs),
-                             tuple(inlines), tuple(durations), tuple(span_runs), tuple(span_steps), tuple(comm),
-                             tuple(sample_steps), tuple(sample_ops), tuple(first_k), isolated, dropped,
-                             category_max, allocated.index(max(allocated)) if calls else 0,
-                             max((call.reserved for call in calls), default=0),
-                             (allocated, [call.reserved for call in calls], [call.by_category for call in calls]))
+        record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(durations), tuple(span_runs),
+                               tuple(span_steps), tuple(comm), tuple(sample_steps), tuple(words), tuple(bases),
+                               tuple(first_k), isolated, dropped)
+        return record, first_k
 
 
 def _runs_match(columns: tuple, stretch, shift: int) -> bool:
@@ -401,14 +367,18 @@ def _runs_match(columns: tuple, stretch, shift: int) -> bool:
         and new_lows == lows and shifts.count(shift) == len(shifts)
 
 
-def _calls(op_or_collective, step: int, sample_steps: list[int], sample_ops: list[str]) -> None:
-    """Note the memory calls of a step: an allocation at its start, a free at its end (as the executor does)."""
+def _calls(op_or_collective, step: int, alloc_word: int, free_word: int | None, base: str, sample_steps: list[int],
+           words: list[int], bases: list[str]) -> None:
+    """Note the memory calls of a step as the executor logs them: an allocation at its start, a free at its end
+    (a collective's free only when `free_word` is given: the executor frees only a Collective's)."""
     if op_or_collective.allocs:
         sample_steps.append(step)
-        sample_ops.append(op_or_collective.name)
-    if op_or_collective.frees:
+        words.append(alloc_word)
+        bases.append(base)
+    if op_or_collective.frees and free_word is not None:
         sample_steps.append(step + 1)
-        sample_ops.append(op_or_collective.name)
+        words.append(free_word)
+        bases.append(base)
 
 
 def _tensors(collective, shift: int, low: int) -> tuple | None:
@@ -422,8 +392,13 @@ def _tensors(collective, shift: int, low: int) -> tuple | None:
     return (moved[0], moved[1], True)
 
 
-def _same_tensors(collective, tensors: tuple, shift: int, low: int) -> bool:
-    """Whether `collective` makes the same memory calls as the recorded one (see _tensors)."""
+def _same_collective(collective, recorded, tensors: tuple, shift: int, low: int) -> bool:
+    """Whether `collective` takes as long, has the same span and makes the same memory calls as `recorded`, whose
+    memory tensors are `tensors` (see _tensors)."""
+    if collective.kind != recorded.kind or collective.group != recorded.group \
+            or collective.size_bytes != recorded.size_bytes or collective.name != recorded.name \
+            or collective.iteration != recorded.iteration:
+        return False
     moved = collective.moved
     if len(tensors) == 2:
         return moved is None and collective.allocs == tensors[0] and collective.frees == tensors[1]

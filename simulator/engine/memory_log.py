@@ -1,0 +1,102 @@
+"""A rank's memory calls as the executor makes them, as words naming instructions, applied to its RankMemory later.
+
+No duration depends on memory (an out-of-memory allocation is recorded and the limit lifted), so the executor
+does not call the allocator model: it appends one word and one time per call to the rank's log, and the calls
+are made afterwards, in the same order, by `apply` — in this process when the engine has ended, or by a worker
+process while the engine runs (engine/memory_worker.py). A word is `index << 12 | stream << 4 | code`: the
+instruction at `index` of the program's `stream`-th stream makes the call `code` names (an op's allocation or
+free, an Alloc, a collective's allocation, a period boundary, ...), with the time beside it.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from simulator.parallel.program import Blocking, Program
+
+# What the instruction a word names does (the codes are the word's low 4 bits).
+RUN_ALLOC = 0          # a Run's op allocates (at its start)
+RUN_FREE = 1           # a Run's op frees (at its end)
+ALLOC = 2              # an Alloc instruction
+FREE = 3               # a Free instruction
+RECV_ALLOC = 4         # a Recv's buffer
+COLL_ALLOC = 5         # a Collective's allocs (or a Blocking instruction's collective's)
+COLL_FREE = 6          # a Collective's frees at its end (or a Blocking instruction's)
+BOUNDARY = 7           # a Period instruction
+MEASURE = 8            # Mark("measure"): peaks reset
+STREAM_SHIFT = 4
+INDEX_SHIFT = 12
+MAX_STREAMS = 1 << (INDEX_SHIFT - STREAM_SHIFT)    # streams per program
+
+
+def where(stream_id: int, index: int) -> int:
+    """The word of instruction `index` of stream `stream_id`, without its code."""
+    return index << INDEX_SHIFT | stream_id << STREAM_SHIFT
+
+
+class MemoryLog:
+    """One rank's memory calls not made yet: parallel columns of words and times."""
+
+    __slots__ = ("words", "times")
+
+    def __init__(self) -> None:
+        self.words = array("q")
+        self.times = array("d")
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def add(self, word: int, time_s: float) -> None:
+        self.words.append(word)
+        self.times.append(time_s)
+
+    def take(self) -> tuple[array, array]:
+        """The calls logged so far, leaving the log empty (in place: the executor holds the columns' appends)."""
+        words, times = self.words[:], self.times[:]
+        del self.words[:], self.times[:]
+        return words, times
+
+
+def apply(memory, program: Program, words, times) -> None:
+    """Make the logged calls on `memory` (a RankMemory) in order, as the executor would have made them."""
+    names = list(program.streams)
+    streams = [program.streams[name] for name in names]
+    run_allocate, run_free = memory.run_allocate, memory.run_free
+    i, count = 0, len(words)
+    while i < count:
+        if memory._skipping is not None:
+            i = memory.replay_runs(words, times, i, streams)     # a period's Run calls, in one loop
+            if i == count:
+                break
+        word, time_s = words[i], times[i]
+        i += 1
+        code = word & 15
+        stream_id = (word >> STREAM_SHIFT) & 255
+        instruction = streams[stream_id][word >> INDEX_SHIFT]
+        if code == RUN_ALLOC:
+            op = instruction.op
+            run_allocate(op.allocs, instruction.shift, instruction.low, names[stream_id], time_s, op.name)
+        elif code == RUN_FREE:
+            op = instruction.op
+            run_free(op.frees, instruction.shift, instruction.low, time_s, op.name)
+        elif code == COLL_ALLOC or code == COLL_FREE:
+            if type(instruction) is Blocking:
+                collective, name = instruction
+            else:
+                collective, name = instruction, names[stream_id]
+            if code == COLL_ALLOC:
+                memory.collective_allocate(collective, name, time_s)
+            else:
+                memory.collective_free(collective, time_s)
+        elif code == ALLOC:
+            memory.allocate(instruction.tensors, names[stream_id], time_s, instruction.reason)
+        elif code == FREE:
+            memory.free(instruction.tensors, time_s, instruction.reason)
+        elif code == RECV_ALLOC:
+            memory.allocate(instruction.allocs, names[stream_id], time_s, instruction.name)
+        elif code == BOUNDARY:
+            memory.boundary(instruction)
+        elif code == MEASURE:
+            memory.start_measuring()
+        else:
+            raise ValueError(f"memory log word {word}: unknown code {code}")

@@ -1,0 +1,209 @@
+"""Makes the ranks' logged memory calls in forked worker processes while the engine runs (other cores' work).
+
+The executor never waits for memory (engine/memory_log.py), so on a machine with two cores or more a large run
+forks workers once the ranks are set up, each owning some of the ranks: a worker holds a copy of its ranks'
+RankMemory and program, the engine sends it each of those ranks' log in chunks through a pipe (two 8-byte
+columns per call) as it grows, and at the end the worker sends back their MemoryOutcomes. The calls are the
+same, made in the same order per rank, so the results are those of making them in the engine's process
+(tests/test_memory_log.py compares them). The engine keeps what it sent, so if a worker dies without an answer
+its ranks' calls are made in-process instead; an error the calls raise (a program freeing an unknown tensor) is
+raised by the engine as it was by the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from array import array
+from typing import TYPE_CHECKING
+
+from simulator.engine.memory_log import apply
+
+if TYPE_CHECKING:
+    from simulator.engine.memory import MemoryOutcome
+    from simulator.engine.rank_state import RankState
+
+CHUNK_CALLS = 8192                 # a rank's log is sent when it holds this many calls (at a period boundary)
+MAX_WORKERS = 8
+MIN_INSTRUCTIONS = 100_000         # smaller runs make their calls in-process: forking costs more than it saves
+PIPE_BYTES = 1 << 20               # the pipe's buffer, where the system allows it (Linux: F_SETPIPE_SZ)
+_HEADER = struct.Struct("<iq")     # rank index (-1: no more), number of calls
+
+
+def workers_for(choice: bool | None, instructions: int, ranks: int) -> int:
+    """How many workers to fork (0: make the calls in-process): with `choice` (EngineOptions.memory_worker) None,
+    for a large run (`instructions` in all programs) on Linux, one per core available to this process beyond
+    the engine's but at least two (the engine's core then shares the work) and at most one per rank; True: as
+    for None but also for small runs; False: none."""
+    if choice is False or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return 0
+    cores = len(os.sched_getaffinity(0))
+    if choice is None and (instructions < MIN_INSTRUCTIONS or cores < 2):
+        return 0
+    return max(1, min(max(cores - 1, 2), ranks, MAX_WORKERS))
+
+
+class _Worker:
+    """One forked worker: its process and the engine's end of its two pipes."""
+
+    def __init__(self, states: list[RankState], owned: list[int], others: list[_Worker]):
+        self.owned = owned
+        calls_read, calls_write = os.pipe()
+        outcome_read, outcome_write = os.pipe()
+        _widen(calls_write)
+        self.pid = os.fork()
+        if self.pid == 0:                          # the worker: never returns
+            for other in others:                   # the pipes of workers forked before it are not its own
+                other.release_fds()
+            os.close(calls_write)
+            os.close(outcome_read)
+            _serve(states, calls_read, outcome_write)
+        os.close(calls_read)
+        os.close(outcome_write)
+        self.calls = os.fdopen(calls_write, "wb")
+        self.outcomes = os.fdopen(outcome_read, "rb")
+        self.alive = True
+
+    def release_fds(self) -> None:
+        """In a later worker: close this worker's pipe ends, inherited from the engine (its EOF depends on it)."""
+        for stream in (self.calls, self.outcomes):
+            os.close(stream.fileno())
+
+    def write(self, *parts) -> None:
+        if self.alive:
+            try:
+                for part in parts:
+                    self.calls.write(part)
+                self.calls.flush()
+            except OSError:                        # the worker is gone: its ranks' calls are made in-process
+                self.alive = False
+
+    def answer(self) -> dict | None:
+        """Tell the worker the logs are complete and take its answer (None if it gave none)."""
+        self.write(_HEADER.pack(-1, 0))
+        if not self.alive:
+            return None
+        try:
+            self.calls.close()
+            data = self.outcomes.read()
+        except OSError:
+            return None
+        if not data:
+            return None
+        done, value = pickle.loads(data)
+        if not done:
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Stop the worker if it still runs (the engine failed) and reap it."""
+        if not self.pid:
+            return
+        for stream in (self.calls, self.outcomes):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        self.pid = 0
+        self.alive = False
+
+
+class MemoryWorkers:
+    """The workers making the ranks' memory calls, each rank's owned by one (balanced by instruction count)."""
+
+    def __init__(self, states: list[RankState], count: int):
+        self.states = states
+        self.sent: list[list[tuple[array, array]]] = [[] for _ in states]     # per rank, the chunks sent
+        sizes = [sum(map(len, state.program.streams.values())) for state in states]
+        loads = [0] * count
+        owned: list[list[int]] = [[] for _ in range(count)]
+        for i in sorted(range(len(states)), key=lambda i: (-sizes[i], i)):
+            least = loads.index(min(loads))
+            owned[least].append(i)
+            loads[least] += sizes[i]
+        self.workers: list[_Worker] = []
+        self.owner: dict[int, _Worker] = {}
+        for ranks in owned:
+            worker = _Worker(states, sorted(ranks), self.workers)
+            self.workers.append(worker)
+            self.owner.update((i, worker) for i in ranks)
+        for i, state in enumerate(states):
+            state.flush_log = self._flusher(i)
+
+    def _flusher(self, i: int):
+        state = self.states[i]
+
+        def flush() -> None:
+            if len(state.log) >= CHUNK_CALLS:
+                self.send(i)
+        return flush
+
+    def send(self, i: int) -> None:
+        """Send rank i's logged calls to its worker (the engine keeps them in case the worker dies)."""
+        words, times = self.states[i].log.take()
+        if words:
+            self.sent[i].append((words, times))
+            self.owner[i].write(_HEADER.pack(i, len(words)), words, times)
+
+    def finish(self) -> list[MemoryOutcome]:
+        """Send what is left and take every rank's outcome (made here for ranks whose worker gave none)."""
+        for i in range(len(self.states)):
+            self.send(i)
+        outcomes: dict[int, MemoryOutcome] = {}
+        for worker in self.workers:
+            answer = worker.answer()
+            worker.close()
+            if answer is not None:
+                outcomes.update(answer)
+        for i, state in enumerate(self.states):
+            if i not in outcomes:
+                for words, times in self.sent[i]:
+                    apply(state.memory, state.program, words, times)
+                outcomes[i] = state.memory.outcome()
+        return [outcomes[i] for i in range(len(self.states))]
+
+    def close(self) -> None:
+        """Stop every worker still running and reap it."""
+        for worker in self.workers:
+            worker.close()
+
+
+def _widen(fd: int) -> None:
+    try:
+        import fcntl
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass                               # the default buffer only makes the engine wait more often
+
+
+def _serve(states: list[RankState], calls_fd: int, outcome_fd: int) -> None:
+    """A worker's life: make each chunk's calls on its rank's memory, then answer with those ranks' outcomes."""
+    status = 1
+    try:
+        calls = os.fdopen(calls_fd, "rb")
+        served: set[int] = set()
+        try:
+            while True:
+                i, count = _HEADER.unpack(calls.read(_HEADER.size))
+                if i < 0:
+                    break
+                words, times = array("q"), array("d")
+                words.frombytes(calls.read(8 * count))
+                times.frombytes(calls.read(8 * count))
+                apply(states[i].memory, states[i].program, words, times)
+                served.add(i)
+            answer = (True, {i: states[i].memory.outcome() for i in served})
+        except Exception as error:                          # raised by the engine instead
+            answer = (False, error)
+        with os.fdopen(outcome_fd, "wb") as out:
+            out.write(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+        status = 0
+    finally:
+        os._exit(status)

@@ -1,0 +1,113 @@
+"""Memory calls logged by the executor and made afterwards (engine/memory_log.py), in this process or by forked
+workers (engine/memory_worker.py): the same results either way, errors raised as in-process, a dead worker's
+ranks made here, and the log words naming the instructions that make the calls."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import simulator.api as api
+from simulator.engine import memory_worker
+from simulator.engine.allocator import make_allocator
+from simulator.engine.executor import EngineOptions, simulate_programs
+from simulator.engine.memory_log import INDEX_SHIFT, MAX_STREAMS, STREAM_SHIFT, where
+from simulator.parallel.program import Alloc, Free, Program, Run
+from simulator.scenario import scenario_from_dict
+from simulator.workload.graph import ACTIVATIONS, Op, Tensor
+from test_scale_inline import _doc, _everything
+
+pytestmark = pytest.mark.skipif(not memory_worker.workers_for(True, 0, 2), reason="needs os.fork on Linux")
+
+MIB = 2**20
+
+
+def _with_worker(monkeypatch, choice: bool | None, **options):
+    monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(memory_worker=choice, **options))
+
+
+@pytest.mark.parametrize("nodes, global_batch, parallel, record_events", [
+    (4, 32, {"tp": 8, "pp": 4, "dp": 1, "sequence_parallel": True}, False),     # periods and stretches replayed
+    (4, 16, {"tp": 8, "pp": 2, "dp": 2, "sequence_parallel": True}, True),      # allocator events recorded
+    (1, 8, {"tp": 2, "pp": 2, "dp": 2}, True),                                  # shadows on shared links
+])
+def test_workers_give_the_in_process_result(monkeypatch, nodes, global_batch, parallel, record_events):
+    doc = _doc(nodes, global_batch, **parallel)
+    doc["run"]["record_events"] = record_events
+    _with_worker(monkeypatch, False)
+    here = _everything(api.simulate(scenario_from_dict(doc)))
+    _with_worker(monkeypatch, True)
+    assert _everything(api.simulate(scenario_from_dict(doc))) == here
+    assert any(rank[1] for rank in here[1]) and (any(rank[3] for rank in here[1]) or not record_events)
+
+
+def _program(tensors: dict[int, Tensor], compute: tuple) -> Program:
+    return Program(0, "gpu", 0, tensors, {"compute": compute})
+
+
+def _run(programs: list[Program], capacity: int, choice: bool):
+    allocators = [make_allocator("caching", capacity, record_events=True) for _ in programs]
+    return simulate_programs(programs, allocators, [capacity] * len(programs), EngineOptions(memory_worker=choice))
+
+
+def _oom_program() -> Program:
+    tensors = {i: Tensor(i, f"t{i}", (i + 1) * 64 * MIB, ACTIVATIONS) for i in range(6)}
+    compute = tuple(Run(Op(f"op{i}", "gemm", "fwd", allocs=(i,)), 1e-3) for i in range(6)) \
+        + (Free((0, 1, 2), "done"),)
+    return _program(tensors, compute)
+
+
+def test_an_out_of_memory_is_reported_the_same_by_a_worker():
+    here, there = _run([_oom_program()], 512 * MIB, False), _run([_oom_program()], 512 * MIB, True)
+    assert here.ranks[0].oom is not None and here.ranks[0].oom == there.ranks[0].oom
+    assert (here.ranks[0].peak_allocated, here.ranks[0].allocator_events, here.ranks[0].final_segments) \
+        == (there.ranks[0].peak_allocated, there.ranks[0].allocator_events, there.ranks[0].final_segments)
+
+
+def test_an_error_of_the_memory_calls_is_raised_by_the_engine():
+    # Freeing a tensor that was never allocated: a program error, raised the same way from a worker.
+    tensors = {0: Tensor(0, "t0", MIB, ACTIVATIONS)}
+    program = _program(tensors, (Run(Op("op", "gemm", "fwd"), 1e-3), Free((0,), "bad")))
+    errors = []
+    for choice in (False, True):
+        with pytest.raises(Exception) as caught:
+            _run([program], 80 * 2**30, choice)
+        errors.append((type(caught.value), caught.value.args))
+    assert errors[0] == errors[1]
+
+
+def test_a_dead_worker_leaves_its_ranks_to_the_engine(monkeypatch):
+    monkeypatch.setattr(memory_worker, "_serve", lambda *args: os._exit(3))
+    here, there = _run([_oom_program()], 512 * MIB, False), _run([_oom_program()], 512 * MIB, True)
+    assert (here.ranks[0].oom, here.ranks[0].allocator_events, here.ranks[0].peak_reserved) \
+        == (there.ranks[0].oom, there.ranks[0].allocator_events, there.ranks[0].peak_reserved)
+
+
+def test_several_workers_share_the_ranks(monkeypatch):
+    # More ranks than workers, and chunks sent while the engine runs (a small chunk size).
+    monkeypatch.setattr(memory_worker, "CHUNK_CALLS", 4)
+    doc = _doc(4, 16, tp=8, pp=4, dp=1, sequence_parallel=True)
+    _with_worker(monkeypatch, False)
+    here = _everything(api.simulate(scenario_from_dict(doc)))
+    monkeypatch.setattr(memory_worker, "workers_for", lambda choice, instructions, ranks: 3)
+    _with_worker(monkeypatch, True)
+    assert _everything(api.simulate(scenario_from_dict(doc))) == here
+
+
+def test_auto_uses_workers_only_for_large_runs():
+    cores = len(os.sched_getaffinity(0))
+    assert memory_worker.workers_for(None, memory_worker.MIN_INSTRUCTIONS - 1, 16) == 0
+    assert memory_worker.workers_for(None, memory_worker.MIN_INSTRUCTIONS, 16) == (
+        0 if cores < 2 else min(max(cores - 1, 2), memory_worker.MAX_WORKERS))
+    assert memory_worker.workers_for(False, 10**9, 16) == 0
+    assert memory_worker.workers_for(True, 0, 1) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=st.integers(0, MAX_STREAMS - 1), index=st.integers(0, 2**50), code=st.integers(0, 15))
+def test_a_word_names_its_stream_instruction_and_code(stream, index, code):
+    word = where(stream, index) | code
+    assert (word & 15, (word >> STREAM_SHIFT) & (MAX_STREAMS - 1), word >> INDEX_SHIFT) == (code, stream, index)
+    assert where(stream, index) + where(0, 7) == where(stream, index + 7)      # how stretch records move words
