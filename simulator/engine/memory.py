@@ -32,6 +32,17 @@ class MemoryOutcome:
     category_peaks: list
 
 
+@dataclass(frozen=True, slots=True)
+class StretchCalls:
+    """The outcome of a replayed period's calls `first`..`first + count` taken at once (RankMemory.replay_stretch)."""
+
+    first: int
+    count: int
+    category_max: tuple          # the largest bytes per category over the calls
+    allocated_peak: int          # the index (from `first`) of the first call with the largest allocated bytes
+    reserved_max: int
+
+
 class RankMemory:
     """Allocates and frees a rank's tensors, keeping allocated bytes by category and the peak."""
 
@@ -58,6 +69,9 @@ class RankMemory:
         self._recording: Recording | None = None
         self._skipping: Skipping | None = None
         self.boundaries_left: int | None = None     # Period instructions still to come, when known
+        # A replayed stretch's calls (engine/memory_log.py STRETCH) seen to replay a period's calls one by one:
+        # (period, stretch record, position, shift - reference) -> what they gave (StretchCalls)
+        self.stretch_calls: dict[tuple, StretchCalls] = {}
 
     def run_allocate(self, op_ids: tuple[int, ...], shift: int, low: int, stream: str, time_s: float,
                      op: str) -> None:
@@ -265,13 +279,62 @@ class RankMemory:
             if handle is not None:
                 self.allocator.rename(handle, op)
 
-    def replay_runs(self, words, times, start: int, streams: list) -> int:
-        """Replay logged Run calls (engine/memory_log.py) from words[start] while they are the period's next calls
-        (the fast match of _replayed_run, and _replay, in one loop: most calls of a large run go through here);
-        returns the index of the first word not replayed."""
+    def stretch_key(self, record: int, shift: int) -> tuple | None:
+        """The key of a replayed stretch's calls here (None: no period is being replayed)."""
+        skipping = self._skipping
+        if skipping is None:
+            return None
+        return (id(skipping.calls), record, skipping.position, shift - skipping.reference)
+
+    def learn_stretch(self, key: tuple, skipping: Skipping, renamed: int) -> None:
+        """After a stretch's calls were made one by one from the state `key` names: if they all replayed the period
+        (still the same Skipping, no call renamed an allocation or replayed allocator events), keep what they gave."""
+        _, _, first, _ = key
+        if self._skipping is not skipping or len(skipping.renamed) != renamed or skipping.position <= first:
+            return
+        calls = skipping.calls[first:skipping.position]
+        if any(call.kind == BOUNDARY or call.events for call in calls):
+            return
+        allocated = [call.allocated for call in calls]
+        self.stretch_calls[key] = StretchCalls(first, len(calls), tuple(map(max, zip(*(c.by_category for c in calls)))),
+                                               allocated.index(max(allocated)), max(call.reserved for call in calls))
+
+    def replay_stretch(self, known: StretchCalls, times, start: int) -> None:
+        """Take the outcome of a stretch's calls at once (times[start:start + count] are theirs): what replaying
+        them one by one gives."""
+        skipping = self._skipping
+        first, count = known.first, known.count
+        calls = skipping.calls
+        skipping.position = first + count
+        self.by_category = calls[first + count - 1].by_category
+        if self.record_timeline:
+            flat = [None] * (4 * count)
+            flat[0::4] = times[start:start + count]
+            flat[1::4] = [call.allocated for call in calls[first:first + count]]
+            flat[2::4] = [call.reserved for call in calls[first:first + count]]
+            flat[3::4] = [call.by_category for call in calls[first:first + count]]
+            self.samples += flat
+        if self.measuring:
+            peaks = self.category_peaks
+            for i, value in enumerate(known.category_max):
+                if value > peaks[i]:
+                    peaks[i] = value
+            call = calls[first + known.allocated_peak]
+            if call.allocated > self.peak_allocated:
+                self.peak_allocated = call.allocated
+                self.peak_time_s = times[start + known.allocated_peak]
+                self.peak_op = call.op
+                self.peak_breakdown = call.by_category
+            if known.reserved_max > self.peak_reserved:
+                self.peak_reserved = known.reserved_max
+
+    def replay_runs(self, words, times, start: int, streams: list, end: int) -> int:
+        """Replay logged Run calls (engine/memory_log.py) from words[start] (before words[end]) while they are the
+        period's next calls (the fast match of _replayed_run, and _replay, in one loop); returns the index of the
+        first word not replayed."""
         skipping = self._skipping
         calls, position, reference = skipping.calls, skipping.position, skipping.reference
-        count, end = len(calls), len(words)
+        count = len(calls)
         record_timeline = self.record_timeline
         measuring = self.measuring and not skipping.passes      # (Skipping.passes: peaks are settled)
         samples, peaks = self.samples, self.category_peaks

@@ -24,9 +24,12 @@ COLL_ALLOC = 5         # a Collective's allocs (or a Blocking instruction's coll
 COLL_FREE = 6          # a Collective's frees at its end (or a Blocking instruction's)
 BOUNDARY = 7           # a Period instruction
 MEASURE = 8            # Mark("measure"): peaks reset
+STRETCH = 9            # not a call: the next calls are a replayed stretch's (engine/stretches.py), see below
 STREAM_SHIFT = 4
 INDEX_SHIFT = 12
 MAX_STREAMS = 1 << (INDEX_SHIFT - STREAM_SHIFT)    # streams per program
+RECORD_BITS = 24       # a STRETCH word: STRETCH | record << 12 | calls << 36, its time the stretch's shift
+COUNT_SHIFT = INDEX_SHIFT + RECORD_BITS
 
 
 def where(stream_id: int, index: int) -> int:
@@ -57,20 +60,48 @@ class MemoryLog:
         return words, times
 
 
+def stretch_word(record: int, calls: int) -> int:
+    """The STRETCH word before the `calls` calls of a replay of stretch record number `record`."""
+    return STRETCH | record << INDEX_SHIFT | calls << COUNT_SHIFT
+
+
 def apply(memory, program: Program, words, times) -> None:
-    """Make the logged calls on `memory` (a RankMemory) in order, as the executor would have made them."""
+    """Make the logged calls on `memory` (a RankMemory) in order, as the executor would have made them.
+
+    A STRETCH word announces the calls of a replayed stretch (the record's number, how many calls, the stretch's
+    shift as its time). Replayed from the same position of the same repeated period with the same shift relative
+    to it, the same record's calls match the same recorded calls, so once they were seen to replay the period
+    one by one (RankMemory.learn_stretch), later ones take the outcome at once (RankMemory.replay_stretch).
+    """
     names = list(program.streams)
     streams = [program.streams[name] for name in names]
     run_allocate, run_free = memory.run_allocate, memory.run_free
     i, count = 0, len(words)
+    learning = None                # (end, key, skipping, renamed) of a stretch whose calls are made one by one
+    limit = count
     while i < count:
+        if learning is not None and i == learning[0]:
+            memory.learn_stretch(*learning[1:])
+            learning, limit = None, count
         if memory._skipping is not None:
-            i = memory.replay_runs(words, times, i, streams)     # a period's Run calls, in one loop
-            if i == count:
-                break
+            i = memory.replay_runs(words, times, i, streams, limit)    # a period's Run calls, in one loop
+            if i == limit:
+                continue
         word, time_s = words[i], times[i]
         i += 1
         code = word & 15
+        if code == STRETCH:
+            calls = word >> COUNT_SHIFT
+            key = memory.stretch_key((word >> INDEX_SHIFT) & ((1 << RECORD_BITS) - 1), int(time_s))
+            if key is None:
+                continue
+            known = memory.stretch_calls.get(key)
+            if known is not None and known.count == calls:
+                memory.replay_stretch(known, times, i)
+                i += calls
+            else:
+                learning, limit = (i + calls, key, memory._skipping, len(memory._skipping.renamed)), i + calls
+            continue
         stream_id = (word >> STREAM_SHIFT) & 255
         instruction = streams[stream_id][word >> INDEX_SHIFT]
         if code == RUN_ALLOC:
@@ -100,3 +131,5 @@ def apply(memory, program: Program, words, times) -> None:
             memory.start_measuring()
         else:
             raise ValueError(f"memory log word {word}: unknown code {code}")
+    if learning is not None and i == learning[0]:
+        memory.learn_stretch(*learning[1:])

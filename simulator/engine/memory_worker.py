@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 CHUNK_CALLS = 8192                 # a rank's log is sent when it holds this many calls (at a period boundary)
 MAX_WORKERS = 8
+WORKER_NICENESS = 10
 MIN_INSTRUCTIONS = 100_000         # smaller runs make their calls in-process: forking costs more than it saves
 PIPE_BYTES = 1 << 20               # the pipe's buffer, where the system allows it (Linux: F_SETPIPE_SZ)
 _HEADER = struct.Struct("<iq")     # rank index (-1: no more), number of calls
@@ -187,6 +188,8 @@ def _serve(states: list[RankState], calls_fd: int, outcome_fd: int) -> None:
     """A worker's life: make each chunk's calls on its rank's memory, then answer with those ranks' outcomes."""
     status = 1
     try:
+        # The engine is the critical path: on a machine with fewer cores than processes, it runs first.
+        os.nice(WORKER_NICENESS)
         calls = os.fdopen(calls_fd, "rb")
         served: set[int] = set()
         try:

@@ -25,7 +25,7 @@ from operator import add, is_, itemgetter
 from typing import TYPE_CHECKING
 
 from simulator.engine.logs import IntervalLog, doubles, packer, phase_array, positive, span_columns
-from simulator.engine.memory_log import COLL_ALLOC, COLL_FREE, RUN_ALLOC, RUN_FREE, where
+from simulator.engine.memory_log import COLL_ALLOC, COLL_FREE, RUN_ALLOC, RUN_FREE, stretch_word, where
 from simulator.engine.rank_state import COMPUTE_STREAM
 from simulator.parallel.program import Blocking, Collective, Run, Signal
 
@@ -55,6 +55,7 @@ class StretchRecord:
     streams: tuple                    # inlined streams, in order of first use
     isolated: int                     # network counters added
     dropped: int
+    number: int                       # the record's number in its rank (the memory log's STRETCH words name it)
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)
@@ -120,6 +121,7 @@ class Stretches:
 
     def __init__(self) -> None:
         self.records: dict[int, list[StretchRecord]] = {}    # id(first op) -> records
+        self.count = 0                                       # records made
         self.failures: dict[int, int] = {}                   # id(first op) -> stretches not learnable
         self.replayed = 0             # stretches applied from a record (tests check it is used)
 
@@ -138,7 +140,7 @@ class Stretches:
             if starts is None:
                 continue
             self.replayed += 1
-            return end, self._apply(state, network, index, now_s, record, starts)
+            return end, self._apply(state, network, index, first.shift, now_s, record, starts)
         return None
 
     def _inline_starts(self, state: RankState, network, instructions, index: int,
@@ -178,12 +180,14 @@ class Stretches:
             return None
         return starts
 
-    def _apply(self, state: RankState, network, index: int, now_s: float, record: StretchRecord,
+    def _apply(self, state: RankState, network, index: int, shift: int, now_s: float, record: StretchRecord,
                starts: dict[str, int]) -> float:
-        """Apply the record at `index` from `now_s`; returns the clock at its end."""
+        """Apply the record at `index` (its runs' shift `shift`) from `now_s`; returns the clock at its end."""
         times = list(accumulate(record.durations, initial=now_s))
         if record.memory_words:
             log = state.log
+            log.words.append(stretch_word(record.number, len(record.memory_words)))    # (memory_log.apply)
+            log.times.append(float(shift))
             log.words.extend(record.words(index, starts))
             log.times.extend(record.sample_times(times))
         if state.record_spans:
@@ -248,6 +252,7 @@ class Stretches:
             self.failures[key] = self.failures.get(key, 0) + 1
             return
         self.records.setdefault(key, []).append(predicted[0])      # the record keeps that op alive
+        self.count += 1
 
     @staticmethod
     def _reproduces(record: StretchRecord, starts: dict[str, int], state: RankState, index: int, start_s: float,
@@ -350,7 +355,7 @@ class Stretches:
             return None
         record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(durations), tuple(span_runs),
                                tuple(span_steps), tuple(comm), tuple(sample_steps), tuple(words), tuple(bases),
-                               tuple(first_k), isolated, dropped)
+                               tuple(first_k), isolated, dropped, self.count)
         return record, first_k
 
 
