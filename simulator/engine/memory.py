@@ -328,6 +328,36 @@ class RankMemory:
             if known.reserved_max > self.peak_reserved:
                 self.peak_reserved = known.reserved_max
 
+    def make_runs(self, words, times, start: int, streams: list, end: int) -> int:
+        """Make logged Run calls (engine/memory_log.py) from words[start] (before words[end]) while no period is
+        being replayed and no allocator events are recorded: run_allocate / run_free in one loop (the calls of
+        ranks whose memory never repeats); returns the index of the first word not made."""
+        if self._skipping is not None or self.allocator._log is not None:
+            return start
+        allocate, free, after = self._allocate, self._free, self._after
+        i = start
+        while i < end:
+            word = words[i]
+            code = word & 15
+            if code > 1:                           # RUN_ALLOC = ALLOC, RUN_FREE = FREE
+                break
+            instruction = streams[(word >> 4) & 255][word >> 12]
+            op = instruction.op
+            shift, time_s, name = instruction.shift, times[i], op.name
+            i += 1
+            if code:
+                op_ids = op.frees
+                ids = moved_ids(op_ids, shift, instruction.low)
+                free(ids, time_s, name)
+                after(FREE, ids, 0, time_s, name, 0, op_ids, shift)
+            else:
+                op_ids = op.allocs
+                ids = moved_ids(op_ids, shift, instruction.low)
+                stream_id = (word >> 4) & 255
+                allocate(ids, stream_id, time_s, name)
+                after(ALLOC, ids, stream_id, time_s, name, 0, op_ids, shift)
+        return i
+
     def replay_runs(self, words, times, start: int, streams: list, end: int) -> int:
         """Replay logged Run calls (engine/memory_log.py) from words[start] (before words[end]) while they are the
         period's next calls (the fast match of _replayed_run, and _replay, in one loop); returns the index of the

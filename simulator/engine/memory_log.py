@@ -85,8 +85,10 @@ def apply(memory, program: Program, words, times) -> None:
             learning, limit = None, count
         if memory._skipping is not None:
             i = memory.replay_runs(words, times, i, streams, limit)    # a period's Run calls, in one loop
-            if i == limit:
-                continue
+        else:
+            i = memory.make_runs(words, times, i, streams, limit)      # Run calls, in one loop
+        if i == limit:
+            continue
         word, time_s = words[i], times[i]
         i += 1
         code = word & 15

@@ -24,7 +24,8 @@ without flows.
 from __future__ import annotations
 
 from collections import deque
-from itertools import compress
+from itertools import compress, repeat
+from operator import attrgetter, is_
 import simpy
 
 from simulator.engine.shadows import ShadowRanks
@@ -37,7 +38,9 @@ from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import COMM_INSTRUCTIONS, Blocking, Collective, Program, Recv, Send
 
-_COMMUNICATION = frozenset(COMM_INSTRUCTIONS + (Blocking,))    # what _analyze looks at
+_OTHER_COMMUNICATION = frozenset(COMM_INSTRUCTIONS)       # what _analyze looks at, besides Blocking
+_BLOCKING_KEY = attrgetter("collective.kind", "collective.group", "collective.size_bytes")
+_BLOCKING_POSTER = attrgetter("collective.group", "stream")
 
 
 class Pending:
@@ -277,14 +280,16 @@ class NetworkModel:
         for program in programs:
             rank = program.rank
             for stream, instructions in program.streams.items():
-                # Only communication matters here: pick it out in C (most instructions are compute runs).
-                for instruction in compress(instructions, map(_COMMUNICATION.__contains__, map(type, instructions))):
+                # Only communication matters here: pick it out in C (most instructions are compute runs), and
+                # Blocking instructions (a TP collective each: most of the rest) by their distinct keys, in C too.
+                kinds = list(map(type, instructions))
+                blocking = list(compress(instructions, map(is_, kinds, repeat(Blocking))))
+                real.update(dict.fromkeys(map(_BLOCKING_KEY, blocking)))
+                for group, posted_on in dict.fromkeys(map(_BLOCKING_POSTER, blocking)):   # on its own stream
+                    posters.setdefault(group, {}).setdefault(rank, set()).add(posted_on)
+                for instruction in compress(instructions, map(_OTHER_COMMUNICATION.__contains__, kinds)):
                     kind = type(instruction)
-                    if kind is Blocking:          # posted on its own stream on behalf of this one
-                        collective = instruction.collective
-                        real[(collective.kind, collective.group, collective.size_bytes)] = None
-                        posters.setdefault(collective.group, {}).setdefault(rank, set()).add(instruction.stream)
-                    elif kind is Collective:
+                    if kind is Collective:
                         real[(instruction.kind, instruction.group, instruction.size_bytes)] = None
                         posters.setdefault(instruction.group, {}).setdefault(rank, set()).add(stream)
                     elif kind is Send:
