@@ -95,6 +95,26 @@ def test_stretches_replay_without_memory_periods(monkeypatch):
     assert sum(replayed) > 0
 
 
+def test_copies_match_as_the_instructions_do(monkeypatch):
+    # A stretch in the same part of a copy of the same template (Program.copies) is replayed without comparing
+    # its runs and Blocking collectives: the same result as comparing them, and the shortcut is taken.
+    doc = _steady(4, 48, tp=8, pp=2, dp=2, sequence_parallel=True)
+    copied = []
+    real = Stretches.copy_of
+
+    def spy(self, index, end):
+        found = real(self, index, end)
+        copied.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Stretches, "copy_of", spy)
+    replayed = _count_replays(monkeypatch)
+    fast = _everything(api.simulate(scenario_from_dict(doc)))
+    assert sum(copied) > 0 and sum(replayed) > 0
+    monkeypatch.setattr(Stretches, "copy_of", lambda self, index, end: None)
+    assert _everything(api.simulate(scenario_from_dict(doc))) == fast
+
+
 _PHASES = ["fwd", "bwd_input", "bwd_weight", "recompute", "optimizer", "other"]
 _span = st.tuples(st.sampled_from(_PHASES + [COMM_PHASE]), st.floats(0, 10), st.floats(0, 1e-3),
                   st.integers(0, 2))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from bisect import bisect_right
 from itertools import accumulate, repeat
 from operator import add, is_, itemgetter
 from typing import TYPE_CHECKING
@@ -56,6 +57,8 @@ class StretchRecord:
     isolated: int                     # network counters added
     dropped: int
     number: int                       # the record's number in its rank (the memory log's STRETCH words name it)
+    copy: tuple | None                # (template, offset, iteration, low, blocking) of the micro-batch copy it lay
+                                      # in (Program.copies), or None
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)
@@ -66,6 +69,7 @@ class StretchRecord:
     comm_streams: tuple = field(init=False)    # per inlined stream: (name, start and end time pickers, infos,
                                                # phase codes, packer of its times)
     cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of each collective after a Signal, in order
+    signal_inlines: tuple = field(init=False)  # the inlines after a Signal (not Blocking instructions)
 
     def __post_init__(self) -> None:
         positions, ops, durations, iterations, lows = zip(*self.runs)
@@ -81,6 +85,7 @@ class StretchRecord:
                                    tuple(info for _, info in mine), phase_array(info for _, info in mine),
                                    packer(len(mine))) for name, mine in groups.items())
         self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None)
+        self.signal_inlines = tuple(inline for inline in self.inlines if inline[2] is not None)
 
     def run_spans(self, times: list[float]) -> tuple:
         """The compute stream's spans of this stretch started at times[0], as SpanLog.since gives them."""
@@ -119,7 +124,9 @@ def _intervals(times: list[float], steps: list[int]) -> tuple[array, array]:
 class Stretches:
     """One rank's stretch records and the bookkeeping of learning one."""
 
-    def __init__(self) -> None:
+    def __init__(self, copies: tuple = ()) -> None:
+        self.copies = copies                                 # the compute stream's Program.copies
+        self.copy_starts = [copy[0] for copy in copies]
         self.records: dict[int, list[StretchRecord]] = {}    # id(first op) -> records
         self.count = 0                                       # records made
         self.failures: dict[int, int] = {}                   # id(first op) -> stretches not learnable
@@ -134,22 +141,37 @@ class Stretches:
             end = index + record.length
             if end > len(instructions):
                 continue
-            if not _runs_match(record.run_columns, instructions[index:end], first.shift):
+            # The same part of a copy of the same template is the same instructions but for the shift: the runs
+            # and Blocking collectives match without a look at them.
+            copied = record.copy is not None and self.copy_of(index, end) == record.copy
+            if not copied and not _runs_match(record.run_columns, instructions[index:end], first.shift):
                 continue
-            starts = self._inline_starts(state, network, instructions, index, record)
+            starts = self._inline_starts(state, network, instructions, index, record, copied)
             if starts is None:
                 continue
             self.replayed += 1
             return end, self._apply(state, network, index, first.shift, now_s, record, starts)
         return None
 
-    def _inline_starts(self, state: RankState, network, instructions, index: int,
-                       record: StretchRecord) -> dict[str, int] | None:
-        """Check the collectives would all be inlined as in the record; per stream, the k of its first one."""
+    def copy_of(self, index: int, end: int) -> tuple | None:
+        """(template, offset, iteration, low, blocking) of the micro-batch copy holding instructions [index, end)
+        of the compute stream, or None."""
+        i = bisect_right(self.copy_starts, index) - 1
+        if i < 0:
+            return None
+        start, stop, template, iteration, low, blocking = self.copies[i]
+        if end > stop:
+            return None
+        return template, index - start, iteration, low, blocking
+
+    def _inline_starts(self, state: RankState, network, instructions, index: int, record: StretchRecord,
+                       copied: bool) -> dict[str, int] | None:
+        """Check the collectives would all be inlined as in the record (Blocking ones are when `copied`: the same
+        part of a copy of the same template); per stream, the k of its first one."""
         starts: dict[str, int] = {}
         streams = state.program.streams
         shift, low = instructions[index].shift, instructions[index].low
-        for position, name, dk, recorded, tensors in record.inlines:
+        for position, name, dk, recorded, tensors in record.signal_inlines if copied else record.inlines:
             signal = instructions[index + position]
             if dk is None:
                 if type(signal) is not Blocking or signal.stream != name:
@@ -355,7 +377,7 @@ class Stretches:
             return None
         record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(durations), tuple(span_runs),
                                tuple(span_steps), tuple(comm), tuple(sample_steps), tuple(words), tuple(bases),
-                               tuple(first_k), isolated, dropped, self.count)
+                               tuple(first_k), isolated, dropped, self.count, self.copy_of(index, end))
         return record, first_k
 
 

@@ -111,6 +111,7 @@ class _Streams:
     compiled: dict[tuple, tuple] = field(default_factory=dict)    # (id(timed ops), low) -> (them, _compile's)
     peers: dict[int, int] = field(default_factory=dict)           # pipeline stage -> this rank's peer on it
     chunks: dict[int, int] = field(default_factory=dict)          # pipeline stage -> its chunk on its rank
+    copies: list[tuple] = field(default_factory=list)   # Program.copies of the compute stream
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -231,7 +232,9 @@ class _Streams:
                     collective = unmoved[(id(op), iteration)] = Collective(op.name, kind, group, size_bytes,
                                                                            allocs, frees, iteration)
             runs[index] = new_blocking(Blocking, (collective, name))
+        start = len(self.compute)
         self.compute += runs
+        self.copies.append((start, len(self.compute), timed, iteration, low, specials))
 
     def _compile(self, timed: _TimedOps, low: int | None) -> tuple | None:
         """(index in `timed.pairs`, special) per collective of `timed` lowered to a Blocking, for copies with this
@@ -294,7 +297,7 @@ class _Streams:
         streams = {COMPUTE: tuple(self.compute)}
         for name in sorted(self.other):
             streams[name] = tuple(self.other[name])
-        return Program(self.rank, device.name, stage, tensors, streams)
+        return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies))
 
 
 def _moves(ids: tuple[int, ...], low: int) -> int:

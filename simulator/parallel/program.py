@@ -254,3 +254,9 @@ class Program:
     stage: int
     tensors: dict[int, Tensor]
     streams: dict[str, tuple[Instruction, ...]]
+    # Micro-batch copies the lowering made in one pass on the compute stream, by start: (start, end, template,
+    # iteration, low, blocking): instructions [start, end) are the template's ops as Runs with that iteration
+    # and low and one shift, its collectives as the Blocking instructions `blocking` (an object) describes. Equal
+    # parts of two copies with the same template, iteration, low and blocking are the same instructions but for
+    # the shift (engine/stretches.py matches a stretch by them).
+    copies: tuple[tuple, ...] = ()
