@@ -16,6 +16,7 @@ engine, the report, the memory workers' CPU seconds (engine/memory_worker.py) an
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import resource
 import subprocess
@@ -146,6 +147,9 @@ def main() -> None:
     if args.phases_of is not None:
         json.dump(phase_times(args.phases_of), sys.stdout)
         return
+    # Compile the package's bytecode first, as an installed package has it: with PYTHONDONTWRITEBYTECODE set
+    # (as on the development machine) every run would otherwise compile every module again (~0.3 s).
+    compileall.compile_dir(Path(__file__).resolve().parent.parent / "simulator", quiet=1)
     if args.phases:
         for dp in args.dp.split(","):
             row = _phases_case(int(dp), args.global_batch)

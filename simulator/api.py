@@ -120,17 +120,19 @@ def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
     return build_iteration(model_shape(scenario), recipe_for(scenario, device), kernel_profile(device))
 
 
-def simulate(scenario: Scenario, *, timelines: bool = True) -> Result:
+def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int | None = None) -> Result:
     """Simulate a scenario and summarize it (the job not fitting is a result, not an error).
 
     `timelines` False: keep no memory samples (`Result.trace.ranks[k].memory` is empty). The report does not
     read them, only the memory plot and the Chrome trace's counters do; at GPT-3 175B on 1,024 GPUs keeping
     them costs a fifth of the run. Every other result is the same either way (tests/test_stretches.py).
+    `memory_workers`: processes making the memory calls while the engine runs (0: in this process; None:
+    chosen by the run's size and the cores available: simulator/engine/memory_worker.py). Results are the same.
     """
     p = scenario.parallel
     if p.dp * p.tp * p.pp > 1:
         _check_plan(scenario, multi=True)
-        return simulate_multi(scenario, timelines=timelines)
+        return simulate_multi(scenario, timelines=timelines, memory_workers=memory_workers)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     device = cluster.device
@@ -144,7 +146,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True) -> Result:
                                expandable_segments=scenario.allocator.expandable_segments,
                                record_events=scenario.run.record_events)
     trace = simulate_programs([program], [allocator], [cluster.allocator_capacity_bytes],
-                              _engine_options(timelines))
+                              _engine_options(timelines, memory_workers))
     report = build_report(scenario, cluster, workload, recipe, trace)
     return Result(report, trace, scenario)
 
@@ -157,13 +159,15 @@ def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
                                bucket_size_bytes=int(p.bucket_size))
 
 
-def _engine_options(timelines: bool) -> EngineOptions:
-    """The engine's options for `simulate(..., timelines)`."""
+def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOptions:
+    """The engine's options for `simulate(..., timelines, memory_workers)`."""
     options = EngineOptions()
+    if memory_workers is not None:
+        options = dataclasses.replace(options, memory_workers=memory_workers)
     return options if timelines else dataclasses.replace(options, record_timeline=False)
 
 
-def simulate_multi(scenario: Scenario, *, timelines: bool = True) -> Result:
+def simulate_multi(scenario: Scenario, *, timelines: bool = True, memory_workers: int | None = None) -> Result:
     """Simulate a dp × tp × pp plan on a multi-GPU cluster: one representative rank per pipeline stage
     (`run.full`: every rank; the report still lists the representatives). `timelines`: as for `simulate`.
 
@@ -175,13 +179,13 @@ def simulate_multi(scenario: Scenario, *, timelines: bool = True) -> Result:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate_multi(scenario, timelines)
+        return _simulate_multi(scenario, timelines, memory_workers)
     finally:
         if enabled:
             gc.enable()
 
 
-def _simulate_multi(scenario: Scenario, timelines: bool) -> Result:
+def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | None) -> Result:
     """simulate_multi's work, with the garbage collector paused."""
     from simulator.parallel.lower_multi import lower_multi
     from simulator.parallel.plan import make_plan
@@ -209,7 +213,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool) -> Result:
                                  expandable_segments=scenario.allocator.expandable_segments,
                                  record_events=scenario.run.record_events) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
-                              _engine_options(timelines), topology=topology, plan=plan)
+                              _engine_options(timelines, memory_workers), topology=topology, plan=plan)
     if full:
         # The report lists each stage's representative (dp = tp = 0), as the reduced simulation does.
         keep = [k for k, program in enumerate(programs)

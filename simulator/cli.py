@@ -91,6 +91,10 @@ def run(
     out: Annotated[Optional[Path], typer.Option("--out", help="Write report, trace, snapshot, plot here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON report.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Simulate every rank (sets run.full = true).")] = False,
+    memory_workers: Annotated[Optional[int], typer.Option(
+        "--memory-workers", min=0,
+        help="Processes making the memory calls while the engine runs (0: none; default: by the run's size "
+             "and the cores available). Results are the same.")] = None,
 ) -> None:
     """Simulate one training scenario and report memory, time and whether it fits."""
     from simulator.api import simulate
@@ -98,7 +102,8 @@ def run(
 
     try:
         loaded = load_scenario(scenario, (set_ or []) + (["run.full=true"] if full else []))
-        result = simulate(loaded, timelines=out is not None)     # only the --out files read memory samples
+        # only the --out files read memory samples
+        result = simulate(loaded, timelines=out is not None, memory_workers=memory_workers)
         keep(result)
     except MemsimError as error:
         _fail(str(error))

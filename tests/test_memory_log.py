@@ -5,6 +5,8 @@ ranks made here, and the log words naming the instructions that make the calls."
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -19,13 +21,13 @@ from simulator.scenario import scenario_from_dict
 from simulator.workload.graph import ACTIVATIONS, Op, Tensor
 from test_scale_inline import _doc, _everything
 
-pytestmark = pytest.mark.skipif(not memory_worker.workers_for(True, 0, 2), reason="needs os.fork on Linux")
+pytestmark = pytest.mark.skipif(not memory_worker.workers_for(1, 0, 2), reason="needs os.fork on Linux")
 
 MIB = 2**20
 
 
-def _with_worker(monkeypatch, choice: bool | None, **options):
-    monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(memory_worker=choice, **options))
+def _with_workers(monkeypatch, count: int | None, **options):
+    monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(memory_workers=count, **options))
 
 
 @pytest.mark.parametrize("nodes, global_batch, parallel, record_events", [
@@ -36,9 +38,9 @@ def _with_worker(monkeypatch, choice: bool | None, **options):
 def test_workers_give_the_in_process_result(monkeypatch, nodes, global_batch, parallel, record_events):
     doc = _doc(nodes, global_batch, **parallel)
     doc["run"]["record_events"] = record_events
-    _with_worker(monkeypatch, False)
+    _with_workers(monkeypatch, 0)
     here = _everything(api.simulate(scenario_from_dict(doc)))
-    _with_worker(monkeypatch, True)
+    _with_workers(monkeypatch, 1)
     assert _everything(api.simulate(scenario_from_dict(doc))) == here
     assert any(rank[1] for rank in here[1]) and (any(rank[3] for rank in here[1]) or not record_events)
 
@@ -47,9 +49,9 @@ def _program(tensors: dict[int, Tensor], compute: tuple) -> Program:
     return Program(0, "gpu", 0, tensors, {"compute": compute})
 
 
-def _run(programs: list[Program], capacity: int, choice: bool):
+def _run(programs: list[Program], capacity: int, workers: int):
     allocators = [make_allocator("caching", capacity, record_events=True) for _ in programs]
-    return simulate_programs(programs, allocators, [capacity] * len(programs), EngineOptions(memory_worker=choice))
+    return simulate_programs(programs, allocators, [capacity] * len(programs), EngineOptions(memory_workers=workers))
 
 
 def _oom_program() -> Program:
@@ -60,7 +62,7 @@ def _oom_program() -> Program:
 
 
 def test_an_out_of_memory_is_reported_the_same_by_a_worker():
-    here, there = _run([_oom_program()], 512 * MIB, False), _run([_oom_program()], 512 * MIB, True)
+    here, there = _run([_oom_program()], 512 * MIB, 0), _run([_oom_program()], 512 * MIB, 1)
     assert here.ranks[0].oom is not None and here.ranks[0].oom == there.ranks[0].oom
     assert (here.ranks[0].peak_allocated, here.ranks[0].allocator_events, here.ranks[0].final_segments) \
         == (there.ranks[0].peak_allocated, there.ranks[0].allocator_events, there.ranks[0].final_segments)
@@ -71,16 +73,16 @@ def test_an_error_of_the_memory_calls_is_raised_by_the_engine():
     tensors = {0: Tensor(0, "t0", MIB, ACTIVATIONS)}
     program = _program(tensors, (Run(Op("op", "gemm", "fwd"), 1e-3), Free((0,), "bad")))
     errors = []
-    for choice in (False, True):
+    for workers in (0, 1):
         with pytest.raises(Exception) as caught:
-            _run([program], 80 * 2**30, choice)
+            _run([program], 80 * 2**30, workers)
         errors.append((type(caught.value), caught.value.args))
     assert errors[0] == errors[1]
 
 
 def test_a_dead_worker_leaves_its_ranks_to_the_engine(monkeypatch):
     monkeypatch.setattr(memory_worker, "_serve", lambda *args: os._exit(3))
-    here, there = _run([_oom_program()], 512 * MIB, False), _run([_oom_program()], 512 * MIB, True)
+    here, there = _run([_oom_program()], 512 * MIB, 0), _run([_oom_program()], 512 * MIB, 1)
     assert (here.ranks[0].oom, here.ranks[0].allocator_events, here.ranks[0].peak_reserved) \
         == (there.ranks[0].oom, there.ranks[0].allocator_events, there.ranks[0].peak_reserved)
 
@@ -89,11 +91,34 @@ def test_several_workers_share_the_ranks(monkeypatch):
     # More ranks than workers, and chunks sent while the engine runs (a small chunk size).
     monkeypatch.setattr(memory_worker, "CHUNK_CALLS", 4)
     doc = _doc(4, 16, tp=8, pp=4, dp=1, sequence_parallel=True)
-    _with_worker(monkeypatch, False)
+    _with_workers(monkeypatch, 0)
     here = _everything(api.simulate(scenario_from_dict(doc)))
-    monkeypatch.setattr(memory_worker, "workers_for", lambda choice, instructions, ranks: 3)
-    _with_worker(monkeypatch, True)
-    assert _everything(api.simulate(scenario_from_dict(doc))) == here
+    assert _everything(api.simulate(scenario_from_dict(doc), memory_workers=3)) == here
+
+
+_TINY = """
+name = "tiny"
+[model]
+architecture = "gpt"
+num_layers = 4
+hidden_size = 128
+num_attention_heads = 8
+vocab_size = 512
+seq_length = 32
+[training]
+micro_batch_size = 1
+global_batch_size = 16
+precision = "bf16-mixed"
+framework = "megatron"
+recompute = "full"
+[parallel]
+tp = 8
+pp = 4
+sequence_parallel = true
+[cluster]
+topology = "dgx-a100"
+nodes = 4
+"""
 
 
 def test_auto_uses_workers_only_for_large_runs():
@@ -101,8 +126,18 @@ def test_auto_uses_workers_only_for_large_runs():
     assert memory_worker.workers_for(None, memory_worker.MIN_INSTRUCTIONS - 1, 16) == 0
     assert memory_worker.workers_for(None, memory_worker.MIN_INSTRUCTIONS, 16) == (
         0 if cores < 2 else min(max(cores - 1, 2), memory_worker.MAX_WORKERS))
-    assert memory_worker.workers_for(False, 10**9, 16) == 0
-    assert memory_worker.workers_for(True, 0, 1) == 1
+    assert memory_worker.workers_for(0, 10**9, 16) == 0
+    assert memory_worker.workers_for(5, 0, 16) == 5 and memory_worker.workers_for(5, 0, 2) == 2
+
+
+def test_the_command_line_sets_the_workers(tmp_path):
+    # --memory-workers 0 and 3 give the same report; a negative count is refused with exit status 2.
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(_TINY)
+    runs = [subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(scenario), "--json",
+                            "--memory-workers", count], capture_output=True, text=True) for count in ("0", "3", "-1")]
+    assert runs[0].returncode == runs[1].returncode == 0 and runs[0].stdout == runs[1].stdout
+    assert runs[2].returncode == 2 and "memory-workers" in runs[2].stderr
 
 
 @settings(max_examples=200, deadline=None)

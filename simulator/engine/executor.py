@@ -42,8 +42,8 @@ class EngineOptions:
     inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
     repeats: bool = True            # replay repeated periods of memory calls instead of the allocator (exact)
     stretches: bool = True          # replay repeated stretches of runs and inlined collectives (exact)
-    memory_worker: bool | None = None   # make the memory calls in a second process (None: for large runs with
-                                        # two cores or more; engine/memory_worker.py)
+    memory_workers: int | None = None   # processes making the memory calls while the engine runs (0: none, in
+                                        # this process; None: for large runs, by cores: engine/memory_worker.py)
 
 
 class _Environment(simpy.Environment):
@@ -120,7 +120,7 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
         for stream, instructions in state.program.streams.items():
             env.process(_stream_process(env, state, stream, instructions, options, finished, world))
     instructions = sum(map(len, (stream for p in programs for stream in p.streams.values())))
-    count = memory_worker.workers_for(options.memory_worker, instructions, len(states))
+    count = memory_worker.workers_for(options.memory_workers, instructions, len(states))
     worker = memory_worker.MemoryWorkers(states, count) if count else None
     try:
         env.run()

@@ -33,17 +33,20 @@ PIPE_BYTES = 1 << 20               # the pipe's buffer, where the system allows 
 _HEADER = struct.Struct("<iq")     # rank index (-1: no more), number of calls
 
 
-def workers_for(choice: bool | None, instructions: int, ranks: int) -> int:
-    """How many workers to fork (0: make the calls in-process): with `choice` (EngineOptions.memory_worker) None,
-    for a large run (`instructions` in all programs) on Linux, one per core available to this process beyond
-    the engine's but at least two (the engine's core then shares the work) and at most one per rank; True: as
-    for None but also for small runs; False: none."""
-    if choice is False or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+def workers_for(choice: int | None, instructions: int, ranks: int) -> int:
+    """How many workers to fork (0: make the calls in-process). `choice` (EngineOptions.memory_workers): that many,
+    at most one per rank; None: for a large run (`instructions` in all programs) with two cores or more available
+    to this process, one per core beyond the engine's but at least two (the engine's core then shares the work),
+    at most one per rank and MAX_WORKERS. None where processes cannot be forked (Linux only: fork is unsafe on
+    macOS)."""
+    if not choice and choice is not None or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return 0
+    if choice is not None:
+        return min(choice, ranks)
     cores = len(os.sched_getaffinity(0))
-    if choice is None and (instructions < MIN_INSTRUCTIONS or cores < 2):
+    if instructions < MIN_INSTRUCTIONS or cores < 2:
         return 0
-    return max(1, min(max(cores - 1, 2), ranks, MAX_WORKERS))
+    return min(max(cores - 1, 2), ranks, MAX_WORKERS)
 
 
 class _Worker:
