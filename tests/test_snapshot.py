@@ -229,6 +229,19 @@ def test_write_snapshot_pickle_protocol_4_atomic_and_viewer_readable(tmp_path):
     assert pickle.loads(data) == snap
 
 
+def test_snapshot_bytes_depend_on_values_not_on_shared_strings(tmp_path):
+    # Two devices' events and segments as two memory worker processes hand them back (each unpickled on its own:
+    # their equal strings are different objects) give the same file as the originals, whose strings the run
+    # shares between the devices.
+    runs = [random_run("caching", seed, expandable_segments=False) for seed in (5, 6)]
+    events, segments = [a.events for a in runs], [a.segments() for a in runs]
+    copies = [pickle.loads(pickle.dumps((e, s))) for e, s in zip(events, segments)]
+    assert copies[0][0][0].action == events[1][0].action and copies[0][0][0].action is not copies[1][0][0].action
+    write_snapshot(tmp_path / "a.pickle", build_snapshot(events, segments))
+    write_snapshot(tmp_path / "b.pickle", build_snapshot([e for e, _ in copies], [s for _, s in copies]))
+    assert (tmp_path / "a.pickle").read_bytes() == (tmp_path / "b.pickle").read_bytes()
+
+
 @pytest.mark.torch
 @pytest.mark.slow            # importing torch takes seconds
 def test_torch_renders_the_snapshot():

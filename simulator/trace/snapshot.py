@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 import pickle
+from sys import intern
 
 from simulator.io import atomic_write_bytes
 from simulator.trace.records import AllocatorEvent
 
 # Pickle protocol of the written file: pytorch.org/memory_viz's unpickler accepts protocols 2-4 only.
 SNAPSHOT_PICKLE_PROTOCOL = 4
+
+# Every string of a snapshot is interned: pickle writes a string object once and refers back to it after, so
+# the bytes of the file would otherwise depend on which equal strings the run happened to share (those made by
+# memory worker processes, engine/memory_worker.py, are copies): one object per value makes them depend on the
+# values only.
 
 # Trace actions the viewer understands (torch/csrc/cuda/memory_snapshot.cpp).
 TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
@@ -30,7 +36,7 @@ def make_frames(op: str, tensor: str, category: str) -> list[dict]:
     if not (op or tensor or category):
         return []
     name = f"{op} {tensor}".strip() or "<unnamed>"
-    return [{"filename": category or "memsim", "line": 0, "name": name}]
+    return [{"filename": intern(category or "memsim"), "line": 0, "name": intern(name)}]
 
 
 def trace_entry(event: AllocatorEvent) -> dict:
@@ -42,7 +48,7 @@ def trace_entry(event: AllocatorEvent) -> dict:
     Returns:
         A dict with plain Python values only; `time_us` is the event time in whole microseconds.
     """
-    entry: dict = {"action": str(event.action)}
+    entry: dict = {"action": intern(str(event.action))}
     if event.action == "oom":
         entry["device_free"] = int(event.addr)
     else:
@@ -55,7 +61,8 @@ def trace_entry(event: AllocatorEvent) -> dict:
 
 
 def _plain_frames(frames: list) -> list[dict]:
-    return [{"filename": str(f["filename"]), "line": int(f["line"]), "name": str(f["name"])} for f in frames]
+    return [{"filename": intern(str(f["filename"])), "line": int(f["line"]), "name": intern(str(f["name"]))}
+            for f in frames]
 
 
 def _plain_segment(segment: dict, device: int) -> dict:
@@ -64,7 +71,7 @@ def _plain_segment(segment: dict, device: int) -> dict:
             "address": int(b["address"]),
             "size": int(b["size"]),
             "requested_size": int(b["requested_size"]),
-            "state": str(b["state"]),
+            "state": intern(str(b["state"])),
             "frames": _plain_frames(b.get("frames", [])),
         }
         for b in segment["blocks"]
@@ -78,7 +85,7 @@ def _plain_segment(segment: dict, device: int) -> dict:
         "active_size": int(segment["active_size"]),
         "requested_size": int(segment["requested_size"]),
         "stream": int(segment["stream"]),
-        "segment_type": str(segment["segment_type"]),
+        "segment_type": intern(str(segment["segment_type"])),
         "segment_pool_id": (int(pool_id[0]), int(pool_id[1])),
         "is_expandable": bool(segment.get("is_expandable", False)),
         "frames": _plain_frames(segment.get("frames", [])),
