@@ -5,13 +5,13 @@ ranks made here, and the log words naming the instructions that make the calls."
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from typer.testing import CliRunner
 
 import simulator.api as api
+from simulator.cli import app
 from simulator.engine import memory_worker
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
@@ -134,10 +134,10 @@ def test_the_command_line_sets_the_workers(tmp_path):
     # --memory-workers 0 and 3 give the same report; a negative count is refused with exit status 2.
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(_TINY)
-    runs = [subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(scenario), "--json",
-                            "--memory-workers", count], capture_output=True, text=True) for count in ("0", "3", "-1")]
-    assert runs[0].returncode == runs[1].returncode == 0 and runs[0].stdout == runs[1].stdout
-    assert runs[2].returncode == 2 and "memory-workers" in runs[2].stderr
+    runs = [CliRunner().invoke(app, ["run", str(scenario), "--json", "--memory-workers", count])
+            for count in ("0", "3", "-1")]
+    assert runs[0].exit_code == runs[1].exit_code == 0 and runs[0].stdout == runs[1].stdout
+    assert runs[2].exit_code == 2 and "memory-workers" in runs[2].output
 
 
 @settings(max_examples=200, deadline=None)

@@ -36,6 +36,7 @@ class MemoryOutcome:
 class StretchCalls:
     """The outcome of a replayed period's calls `first`..`first + count` taken at once (RankMemory.replay_stretch)."""
 
+    calls: list                  # the period's recorded calls (kept: the key holds their id)
     first: int
     count: int
     category_max: tuple          # the largest bytes per category over the calls
@@ -296,7 +297,8 @@ class RankMemory:
         if any(call.kind == BOUNDARY or call.events for call in calls):
             return
         allocated = [call.allocated for call in calls]
-        self.stretch_calls[key] = StretchCalls(first, len(calls), tuple(map(max, zip(*(c.by_category for c in calls)))),
+        self.stretch_calls[key] = StretchCalls(skipping.calls, first, len(calls),
+                                               tuple(map(max, zip(*(c.by_category for c in calls)))),
                                                allocated.index(max(allocated)), max(call.reserved for call in calls))
 
     def replay_stretch(self, known: StretchCalls, times, start: int) -> None:
@@ -304,7 +306,7 @@ class RankMemory:
         them one by one gives."""
         skipping = self._skipping
         first, count = known.first, known.count
-        calls = skipping.calls
+        calls = known.calls                        # skipping.calls (the key names them)
         skipping.position = first + count
         self.by_category = calls[first + count - 1].by_category
         if self.record_timeline:

@@ -19,8 +19,8 @@ compares them).
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
 from bisect import bisect_right
+from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 from operator import add, is_, itemgetter
 from typing import TYPE_CHECKING
