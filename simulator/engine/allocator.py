@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left, insort
+from dataclasses import astuple
 from typing import Protocol, runtime_checkable
 
 from simulator.errors import ScenarioError
@@ -142,6 +143,10 @@ class EventLog:
     def append(self, *fields) -> None:
         """Record one event: (action, addr, size, stream, time_s, op, tensor, category)."""
         self._raw.append(fields)
+
+    def rows(self) -> list[tuple]:
+        """All events so far as field tuples (what a memory worker hands back: faster to pickle)."""
+        return [astuple(event) for event in self._events] + self._raw
 
     def materialize(self) -> list[AllocatorEvent]:
         """All events so far, in order, as one growing list."""

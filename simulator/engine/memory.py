@@ -464,10 +464,13 @@ class RankMemory:
         self.peak_allocated = self.allocator.allocated_bytes
         self.peak_breakdown = tuple(self.by_category)
 
-    def outcome(self) -> MemoryOutcome:
-        """What the calls made so far left (a replayed period caught up first)."""
+    def outcome(self, event_rows: bool = False) -> MemoryOutcome:
+        """What the calls made so far left (a replayed period caught up first); `event_rows`: the allocator's
+        events as field tuples (AllocatorEvent(*row) makes each: what a memory worker hands back)."""
         self.catch_up()
-        return MemoryOutcome(self.samples, self.allocator.events, self.allocator.segments(), self.first_oom,
+        log = self.allocator._log
+        events = (log.rows() if log is not None else []) if event_rows else self.allocator.events
+        return MemoryOutcome(self.samples, events, self.allocator.segments(), self.first_oom,
                              max(self.peak_allocated, 0), self.peak_reserved, self.peak_time_s, self.peak_op,
                              self.peak_breakdown, self.category_peaks)
 

@@ -20,6 +20,7 @@ from array import array
 from typing import TYPE_CHECKING
 
 from simulator.engine.memory_log import apply
+from simulator.trace.records import AllocatorEvent
 
 if TYPE_CHECKING:
     from simulator.engine.memory import MemoryOutcome
@@ -28,7 +29,10 @@ if TYPE_CHECKING:
 CHUNK_CALLS = 8192                 # a rank's log is sent when it holds this many calls (at a period boundary)
 MAX_WORKERS = 8
 WORKER_NICENESS = 10
-MIN_INSTRUCTIONS = 100_000         # smaller runs make their calls in-process: forking costs more than it saves
+# Smaller runs make their calls in-process. Measured on 2 cores (`memsim run --json`, wall): at 89 k
+# instructions (LLaMA-7B PP4 on 4 × 4090) and 190 k (LLaMA-70B on 64 H100) workers gained nothing; at 247 k
+# (GPT-3 175B, global batch 256) 4.1-4.7 s instead of 5.8-6.6 s; at 1.4 M (global batch 1,536) ~30%.
+MIN_INSTRUCTIONS = 100_000
 PIPE_BYTES = 1 << 20               # the pipe's buffer, where the system allows it (Linux: F_SETPIPE_SZ)
 _HEADER = struct.Struct("<iq")     # rank index (-1: no more), number of calls
 
@@ -37,9 +41,8 @@ def workers_for(choice: int | None, instructions: int, ranks: int) -> int:
     """How many workers to fork (0: make the calls in-process). `choice` (EngineOptions.memory_workers): that many,
     at most one per rank; None: for a large run (`instructions` in all programs) with two cores or more available
     to this process, one per core beyond the engine's but at least two (the engine's core then shares the work),
-    at most one per rank and MAX_WORKERS. None where processes cannot be forked (Linux only: fork is unsafe on
-    macOS)."""
-    if not choice and choice is not None or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+    at most one per rank and MAX_WORKERS. Always 0 off Linux (fork is unsafe on macOS, absent on Windows)."""
+    if choice == 0 or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return 0
     if choice is not None:
         return min(choice, ranks)
@@ -165,6 +168,8 @@ class MemoryWorkers:
             answer = worker.answer()
             worker.close()
             if answer is not None:
+                for outcome in answer.values():
+                    outcome.events = [AllocatorEvent(*row) for row in outcome.events]
                 outcomes.update(answer)
         for i, state in enumerate(self.states):
             if i not in outcomes:
@@ -205,7 +210,7 @@ def _serve(states: list[RankState], calls_fd: int, outcome_fd: int) -> None:
                 times.frombytes(calls.read(8 * count))
                 apply(states[i].memory, states[i].program, words, times)
                 served.add(i)
-            answer = (True, {i: states[i].memory.outcome() for i in served})
+            answer = (True, {i: states[i].memory.outcome(event_rows=True) for i in served})
         except Exception as error:                          # raised by the engine instead
             answer = (False, error)
         with os.fdopen(outcome_fd, "wb") as out:
