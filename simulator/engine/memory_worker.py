@@ -97,9 +97,10 @@ class _Worker:
             data = self.outcomes.read()
         except OSError:
             return None
-        if not data:
+        try:
+            done, value = pickle.loads(data)
+        except Exception:                          # no answer, or cut short: the worker died writing it
             return None
-        done, value = pickle.loads(data)
         if not done:
             raise value
         return value
