@@ -5,6 +5,7 @@ ranks made here, and the log words naming the instructions that make the calls."
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -120,11 +121,21 @@ nodes = 4
 """
 
 
-def test_auto_uses_workers_only_for_large_runs():
+def test_auto_uses_workers_only_for_large_runs_in_a_single_thread():
     cores = len(os.sched_getaffinity(0))
+    assert threading.active_count() == 1
     assert memory_worker.workers_for(None, memory_worker.MIN_INSTRUCTIONS - 1, 16) == 0
     assert memory_worker.workers_for(None, memory_worker.MIN_INSTRUCTIONS, 16) == (
         0 if cores < 2 else min(max(cores - 1, 2), memory_worker.MAX_WORKERS))
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert memory_worker.workers_for(None, memory_worker.MIN_INSTRUCTIONS, 16) == 0
+        assert memory_worker.workers_for(2, 0, 16) == 2          # asked for: forked anyway
+    finally:
+        stop.set()
+        other.join()
     assert memory_worker.workers_for(0, 10**9, 16) == 0
     assert memory_worker.workers_for(5, 0, 16) == 5 and memory_worker.workers_for(5, 0, 2) == 2
 

@@ -16,6 +16,7 @@ import os
 import pickle
 import struct
 import sys
+import threading
 from array import array
 from typing import TYPE_CHECKING
 
@@ -39,15 +40,17 @@ _HEADER = struct.Struct("<iq")     # rank index (-1: no more), number of calls
 
 def workers_for(choice: int | None, instructions: int, ranks: int) -> int:
     """How many workers to fork (0: make the calls in-process). `choice` (EngineOptions.memory_workers): that many,
-    at most one per rank; None: for a large run (`instructions` in all programs) with two cores or more available
-    to this process, one per core beyond the engine's but at least two (the engine's core then shares the work),
-    at most one per rank and MAX_WORKERS. Always 0 off Linux (fork is unsafe on macOS, absent on Windows)."""
+    at most one per rank; None: for a large run (`instructions` in all programs) in a process with one thread
+    (forking one with others, a notebook's kernel, can leave a lock held in the child) and two cores or more
+    available to it, one per core beyond the engine's but at least two (the engine's core then shares the
+    work), at most one per rank and MAX_WORKERS. Always 0 off Linux (fork is unsafe on macOS, absent on
+    Windows)."""
     if choice == 0 or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return 0
     if choice is not None:
         return min(choice, ranks)
     cores = len(os.sched_getaffinity(0))
-    if instructions < MIN_INSTRUCTIONS or cores < 2:
+    if instructions < MIN_INSTRUCTIONS or cores < 2 or threading.active_count() > 1:
         return 0
     return min(max(cores - 1, 2), ranks, MAX_WORKERS)
 
