@@ -17,7 +17,7 @@ from simulator.engine import memory_worker
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.engine.memory_log import INDEX_SHIFT, MAX_STREAMS, STREAM_SHIFT, where
-from simulator.parallel.program import Alloc, Free, Program, Run
+from simulator.parallel.program import Free, Program, Run
 from simulator.scenario import scenario_from_dict
 from simulator.workload.graph import ACTIVATIONS, Op, Tensor
 from test_scale_inline import _doc, _everything
