@@ -362,16 +362,13 @@ class RankMemory:
 
     def replay_runs(self, words, times, start: int, streams: list, end: int) -> int:
         """Replay logged Run calls (engine/memory_log.py) from words[start] (before words[end]) while they are the
-        period's next calls (the fast match of _replayed_run, and _replay, in one loop); returns the index of the
-        first word not replayed."""
+        period's next calls (the fast match of _replayed_run, in one loop); returns the index of the first word
+        not replayed."""
         skipping = self._skipping
-        calls, position, reference = skipping.calls, skipping.position, skipping.reference
+        calls, reference = skipping.calls, skipping.reference
         count = len(calls)
-        record_timeline = self.record_timeline
-        measuring = self.measuring and not skipping.passes      # (Skipping.passes: peaks are settled)
-        samples, peaks = self.samples, self.category_peaks
         i = start
-        while i < end and position < count:
+        while i < end and skipping.position < count:
             word = words[i]
             code = word & 15
             if code > 1:                           # RUN_ALLOC = ALLOC, RUN_FREE = FREE
@@ -379,35 +376,13 @@ class RankMemory:
             stream_id = (word >> 4) & 255
             instruction = streams[stream_id][word >> 12]
             op = instruction.op
-            call = calls[position]
+            call = calls[skipping.position]
             if call.template is not (op.frees if code else op.allocs) or call.kind != code \
                     or call.delta != instruction.shift - reference or call.op != op.name \
                     or call.stream != (0 if code else stream_id):
                 break
-            position += 1
-            time_s = times[i]
+            self._replay(call, times[i], op.name)
             i += 1
-            by_category = call.by_category
-            if call.events:
-                skipping.position = position
-                self._replay_events(call, time_s, op.name)
-            allocated, reserved = call.allocated, call.reserved
-            if record_timeline:
-                samples += (time_s, allocated, reserved, by_category)
-            if measuring:
-                if any(map(gt, by_category, peaks)):
-                    for k, value in enumerate(by_category):
-                        if value > peaks[k]:
-                            peaks[k] = value
-                if allocated > self.peak_allocated:
-                    self.peak_allocated = allocated
-                    self.peak_time_s = time_s
-                    self.peak_op = op.name
-                    self.peak_breakdown = by_category
-                if reserved > self.peak_reserved:
-                    self.peak_reserved = reserved
-            self.by_category = by_category
-        skipping.position = position
         return i
 
     def _replayed(self, kind: int, tensor_ids: tuple[int, ...], stream_id: int, time_s: float, op: str) -> bool:
@@ -435,7 +410,8 @@ class RankMemory:
         allocated, reserved = call.allocated, call.reserved
         if self.record_timeline:
             self.samples += (time_s, allocated, reserved, by_category)
-        if self.measuring:
+        # After one whole period replayed, the same outcomes again cannot raise a peak (Skipping.passes).
+        if self.measuring and not self._skipping.passes:
             peaks = self.category_peaks
             if any(map(gt, by_category, peaks)):
                 for i, value in enumerate(by_category):

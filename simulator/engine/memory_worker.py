@@ -58,8 +58,7 @@ def workers_for(choice: int | None, instructions: int, ranks: int) -> int:
 class _Worker:
     """One forked worker: its process and the engine's end of its two pipes."""
 
-    def __init__(self, states: list[RankState], owned: list[int], others: list[_Worker]):
-        self.owned = owned
+    def __init__(self, states: list[RankState], others: list[_Worker]):
         calls_read, calls_write = os.pipe()
         outcome_read, outcome_write = os.pipe()
         _widen(calls_write)
@@ -142,7 +141,7 @@ class MemoryWorkers:
         self.workers: list[_Worker] = []
         self.owner: dict[int, _Worker] = {}
         for ranks in owned:
-            worker = _Worker(states, sorted(ranks), self.workers)
+            worker = _Worker(states, self.workers)
             self.workers.append(worker)
             self.owner.update((i, worker) for i in ranks)
         for i, state in enumerate(states):
