@@ -6,11 +6,13 @@ from array import array
 from itertools import compress
 from operator import gt
 from struct import Struct, pack
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from simulator.parallel.program import Run
 from simulator.trace.records import COMM_PHASE
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class _PhaseCodes(dict):
@@ -109,6 +111,7 @@ class IntervalLog:
 
     def sorted_pairs(self) -> np.ndarray:
         """The intervals sorted as sorted() sorts the (start, end) pairs, as an (n, 2) float array."""
+        import numpy as np    # here, not at import: a large run's engine starts sooner (numpy is needed after it)
         return sorted_pairs(np.frombuffer(self.starts), np.frombuffer(self.ends))
 
 
@@ -134,6 +137,7 @@ def positive(starts, ends) -> tuple:
 def sorted_pairs(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The intervals (starts[i], ends[i]) sorted by start, then end (a stable sort, as sorted() sorts the pairs),
     as a new (n, 2) float array."""
+    import numpy as np        # (see IntervalLog.sorted_pairs)
     pairs = np.empty((len(starts), 2))
     pairs[:, 0] = starts
     pairs[:, 1] = ends

@@ -6,14 +6,14 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from simulator.engine.timelines import SampleColumns, SpanColumns
 from simulator.errors import DeadlockError
 from simulator.trace.records import Trace
 from simulator.workload.graph import CATEGORIES
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from simulator.engine.memory import MemoryOutcome
     from simulator.engine.rank_state import RankState
 
@@ -26,8 +26,8 @@ class RankCommunication:
     an event a communication stream signalled, during which that stream was transferring, plus any
     communication instruction run on the compute stream itself."""
 
-    intervals: np.ndarray = field(default_factory=lambda: np.empty((0, 2)))     # (n, 2) (start, end), sorted
-    exposed_intervals: np.ndarray = field(default_factory=lambda: np.empty((0, 2)))
+    intervals: np.ndarray = field(default_factory=lambda: _no_pairs())     # (n, 2) (start, end), sorted
+    exposed_intervals: np.ndarray = field(default_factory=lambda: _no_pairs())
 
     @property
     def total_s(self) -> float:
@@ -46,6 +46,7 @@ class RankCommunication:
     def __eq__(self, other: object) -> bool:
         if type(other) is not RankCommunication:
             return NotImplemented
+        import numpy as np
         return np.array_equal(self.intervals, other.intervals) \
             and np.array_equal(self.exposed_intervals, other.exposed_intervals)
 
@@ -79,6 +80,12 @@ class EngineDeadlock(DeadlockError):
         self.blocked = blocked
 
 
+def _no_pairs() -> np.ndarray:
+    """An empty (0, 2) interval array (numpy is imported where it is used: a large run's engine starts sooner)."""
+    import numpy as np
+    return np.empty((0, 2))
+
+
 def covered(pairs: np.ndarray, start_s: float, end_s: float) -> float:
     """Length of the union of the sorted intervals `pairs` (logs.sorted_pairs) clipped to [start_s, end_s]: each
     interval starts no earlier than the furthest end before it, and the positive lengths are added in order
@@ -86,6 +93,7 @@ def covered(pairs: np.ndarray, start_s: float, end_s: float) -> float:
     tests/test_stretches.py)."""
     if not len(pairs):
         return 0.0
+    import numpy as np
     ends = np.minimum(pairs[:, 1], end_s)
     reach = np.empty(len(ends))
     reach[0] = -math.inf

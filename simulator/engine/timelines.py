@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from simulator.engine.logs import COMM_CODE, PHASE_CODES, SpanLog
 from simulator.parallel.program import Collective, Recv, Run, Send
 from simulator.trace.records import COMM_PHASE, MemorySample, Span
@@ -99,6 +97,7 @@ class SpanColumns(Recorded):
         logs = [log for _, log in self.streams if len(log)]
         if not logs:
             return sums, 0.0
+        import numpy as np    # here, not at import: a large run's engine starts sooner (numpy is needed after it)
         # phase code -> index in names (-1: communication), over every code given so far
         table = np.full(len(PHASE_CODES), names.index(default), dtype=np.int64)
         for phase, code in PHASE_CODES.items():
