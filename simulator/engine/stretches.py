@@ -137,16 +137,19 @@ class Stretches:
                now_s: float) -> tuple[int, float] | None:
         """Apply the stretch at `index` from its record if one matches; (next index, clock), else None."""
         first = instructions[index]
-        for record in self.records.get(id(first.op), ()):
-            end = index + record.length
-            if end > len(instructions):
+        records = self.records.get(id(first.op))
+        if not records:
+            return None
+        # The same part of a copy of the same template is the same instructions but for the shift: the runs and
+        # Blocking collectives match without a look at them. Such records are tried first: one learned from the
+        # template's own micro-batch (not moved) matches a moved copy's runs but rarely its collectives.
+        candidates = [(record, index + record.length) for record in records
+                      if index + record.length <= len(instructions)]
+        copied = [record.copy is not None and self.copy_of(index, end) == record.copy for record, end in candidates]
+        for (record, end), same_copy in sorted(zip(candidates, copied), key=lambda pair: not pair[1]):
+            if not same_copy and not _runs_match(record.run_columns, instructions[index:end], first.shift):
                 continue
-            # The same part of a copy of the same template is the same instructions but for the shift: the runs
-            # and Blocking collectives match without a look at them.
-            copied = record.copy is not None and self.copy_of(index, end) == record.copy
-            if not copied and not _runs_match(record.run_columns, instructions[index:end], first.shift):
-                continue
-            starts = self._inline_starts(state, network, instructions, index, record, copied)
+            starts = self._inline_starts(state, network, instructions, index, record, same_copy)
             if starts is None:
                 continue
             self.replayed += 1
