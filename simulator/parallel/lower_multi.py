@@ -408,11 +408,12 @@ def _tag(kind: str, stage: int, microbatch: int, iteration: int) -> str:
 def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
                      warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0,
-                     schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None) -> Program:
+                     schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None,
+                     timing_cache: dict[tuple, float] | None = None) -> Program:
     """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0).
 
     `schedule_steps`: `schedule_check.program(schedule)` (every stage's) when the caller lowers several
-    ranks; computed here otherwise.
+    ranks; computed here otherwise. `timing_cache`: timed_ops' cache, shared by the caller's ranks.
     """
     rank = plan.rank_of(dp=dp, pp=stage, tp=tp)
     chunks = sorted(chunk for (s, chunk) in workloads if s == stage)
@@ -429,7 +430,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
         mine[chunk] = workload
         # One chunk's tensors are the program's as they are (read only; a copy costs ~10^5 inserts per rank).
         tensors = {**tensors, **workload.tensors} if tensors else workload.tensors
-    cache: dict[tuple, float] = {}
+    cache = timing_cache if timing_cache is not None else {}
     timed = {chunk: _timed_microbatches(w, device, cache) for chunk, w in mine.items()}
     steps = {chunk: timed_ops(w.optimizer, w.tensors, device, 0) for chunk, w in mine.items()}
     streams = _Streams(rank, plan, dp_stream=DP_STREAM)
@@ -665,13 +666,14 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
                         f"supported (DeepSpeed's PipelineEngine refuses it too; allowed with pp > 1: 0, 1)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
     schedule_steps = schedule_program(schedule)
+    cache: dict[tuple, float] = {}
     if not full:
         programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations,
-                                     schedule_steps=schedule_steps) for stage in range(plan.pp)]
+                                     schedule_steps=schedule_steps, timing_cache=cache) for stage in range(plan.pp)]
         return programs, workloads
     programs = []
     for rank in range(plan.world_size):
         c = plan.coords(rank)
         programs.append(lower_stage_rank(plan, schedule, c.pp, workloads, device, warmup_iterations, iterations,
-                                         dp=c.dp, tp=c.tp, schedule_steps=schedule_steps))
+                                         dp=c.dp, tp=c.tp, schedule_steps=schedule_steps, timing_cache=cache))
     return programs, workloads
