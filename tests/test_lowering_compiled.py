@@ -110,3 +110,26 @@ def test_checked_collective_is_the_collective_the_constructor_makes():
     assert fast.moved is moved and fast.group is group
     with pytest.raises(AttributeError):
         fast.allocs = ()                 # frozen like any Collective
+
+
+@pytest.mark.parametrize("case", CASES[:3] + CASES[6:7], ids=lambda case: f"{case[1]}-{case[5]}")
+def test_rank_set_up_outside_copies_finds_what_a_whole_scan_finds(case):
+    # RankState looks for waits, signals and periods outside Program.copies (runs and Blocking instructions only).
+    from dataclasses import replace
+
+    from simulator.engine.allocator import make_allocator
+    from simulator.engine.executor import EngineOptions, _Environment
+    from simulator.engine.rank_state import RankState
+
+    topology, schedule, recompute, framework, microbatches, parallel = case
+    programs = _programs(_doc(topology, schedule, recompute, framework, microbatches, **parallel))
+    assert any(program.copies for program in programs)
+
+    def set_up(program):
+        state = RankState(program, make_allocator("exact", 1 << 40), 1 << 40, EngineOptions(), _Environment())
+        return (state.waiters, state.wait_stream, state.inline_plans, state.memory.boundaries_left)
+
+    for program in programs:
+        compute = program.streams["compute"]
+        assert all({type(ins) for ins in compute[start:end]} <= {Run, Blocking} for start, end, *_ in program.copies)
+        assert set_up(program) == set_up(replace(program, copies=()))

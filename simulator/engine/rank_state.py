@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, is_
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import simpy
 
@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 
 _event_of = attrgetter("event")
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
+
+
+def _outside(instructions: tuple, copies: tuple) -> tuple[Sequence[int], Sequence]:
+    """(positions, instructions) of `instructions` outside the micro-batch copies `copies` (Program.copies, in
+    order), which hold only Run and Blocking instructions: ~5% of a pipeline stage's compute stream."""
+    if not copies:
+        return range(len(instructions)), instructions
+    starts = [0] + [copy[1] for copy in copies]
+    ends = [copy[0] for copy in copies] + [len(instructions)]
+    positions = list(chain.from_iterable(map(range, starts, ends)))
+    return positions, list(map(instructions.__getitem__, positions))
 
 
 class RankState:
@@ -63,15 +74,19 @@ class RankState:
         counts: Counter[str] = Counter()
         periods = 0
         for name, instructions in program.streams.items():
-            # Only the waits and signals matter here: pick them out at C speed (runs are most of a stream).
-            kinds = list(map(type, instructions))
-            waits = list(compress(range(len(kinds)), map(is_, kinds, repeat(WaitFor))))
-            wait_events = list(map(_event_of, map(instructions.__getitem__, waits)))
+            # Only the waits, signals and periods matter here: pick them out at C speed (runs are most of a stream),
+            # and none of the compute stream's micro-batch copies (Program.copies: runs and Blocking instructions).
+            positions, picked = _outside(instructions, program.copies if name == COMPUTE_STREAM else ())
+            kinds = list(map(type, picked))
+            is_wait = list(map(is_, kinds, repeat(WaitFor)))
+            waits = list(compress(positions, is_wait))
+            wait_events = list(map(_event_of, compress(picked, is_wait)))
             counts.update(wait_events)
             waiting.update(zip(wait_events, zip(repeat(name), waits)))
             periods += kinds.count(Period)
-            signals = list(compress(range(len(kinds)), map(is_, kinds, repeat(Signal))))
-            signalled[name] = set(map(_event_of, map(instructions.__getitem__, signals)))
+            is_signal = list(map(is_, kinds, repeat(Signal)))
+            signals = list(compress(positions, is_signal))
+            signalled[name] = set(map(_event_of, compress(picked, is_signal)))
             if name == COMPUTE_STREAM:
                 compute_signals = signals
         self.waiters: dict[str, int] = dict(counts)   # event -> WaitFor instructions on it (all streams)

@@ -12,9 +12,10 @@ COMPUTE = "compute"
 
 
 def _signature(op: Op, hits: int) -> tuple:
-    """What op_time_s reads of an op (everything but tensor ids, layer and micro-batch) and its L2 hits."""
-    return (op.name, op.op_class, op.phase, op.flops, op.bytes_read, op.bytes_written, op.dtype, op.gemm_mnk,
-            op.gemm_batch, hits)
+    """What op_time_s reads of an op (everything but its name, which only its errors show, tensor ids, layer and
+    micro-batch) and its L2 hits: the ops of equal pipeline stages share their times."""
+    return (op.op_class, op.phase, op.flops, op.bytes_read, op.bytes_written, op.dtype, op.gemm_mnk, op.gemm_batch,
+            hits)
 
 
 def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
@@ -27,7 +28,7 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
     topology) prices them when multi-rank lowering lands; until then `memsim run` refuses tp > 1.
 
     `cache` (one per device), when given, keeps each distinct op signature's time: the many identical
-    ops of a pipeline stage's micro-batches are costed once.
+    ops of a pipeline stage's micro-batches (and of stages alike) are costed once.
     """
     runs: list[Run] = []
     previous_outputs: dict[int, int] = {}

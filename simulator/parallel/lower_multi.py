@@ -54,7 +54,6 @@ from simulator.workload.weight_split import RETAIN_GRAPH
 
 new_run = new_blocking = tuple.__new__    # Run(...), Blocking(...) without the named tuples' Python-level __new__
 DP_STREAM = f"{COMM_STREAM}.dp"      # data-parallel reductions of pipeline stages (module docstring)
-_UNMOVED, _MOVED = range(2)          # how _Streams.microbatch lowers a compiled collective (_Streams._compile)
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,8 @@ class _Streams:
     lowered: dict[int, tuple] = field(default_factory=dict)              # id(op) -> _lower_collective(op)
     unmoved: dict[tuple[int, int], Collective] = field(default_factory=dict)   # (id(op), iteration) -> its post
     held: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)  # (chunk, mb) -> freed after its W
-    compiled: dict[tuple, tuple] = field(default_factory=dict)    # (id(timed ops), low) -> (them, _compile's)
+    # (id(timed ops), low) -> (them, _compile's, iteration -> _unmoved_blockings')
+    compiled: dict[tuple, tuple] = field(default_factory=dict)
     peers: dict[int, int] = field(default_factory=dict)           # pipeline stage -> this rank's peer on it
     chunks: dict[int, int] = field(default_factory=dict)          # pipeline stage -> its chunk on its rank
     copies: list[tuple] = field(default_factory=list)   # Program.copies of the compute stream
@@ -201,8 +201,8 @@ class _Streams:
         key = (id(timed), low if shift else None)
         compiled = self.compiled.get(key)
         if compiled is None or compiled[0] is not timed:
-            compiled = self.compiled[key] = (timed, self._compile(timed, low if shift else None))
-        specials = compiled[1]
+            compiled = self.compiled[key] = (timed, self._compile(timed, low if shift else None), {})
+        _, specials, fixed_by_iteration = compiled
         if specials is None:
             self._general(timed, iteration, shift, low)
             return
@@ -210,41 +210,51 @@ class _Streams:
         # Blocking in its op's place.
         runs = list(map(new_run, repeat(Run), zip(timed.ops, timed.durations, repeat(iteration), repeat(shift),
                                                   repeat(low))))
-        unmoved = self.unmoved
-        for index, special in specials:
-            if special[0] == _MOVED:
-                _, op_name, kind, group, size_bytes, name, allocs, frees, move_allocs, move_frees = special
-                collective = checked_collective(
-                    op_name, kind, group, size_bytes,
-                    (allocs[0] + shift,) if move_allocs == 1 else allocs if move_allocs == 0
-                    else tuple([v + shift if v >= low else v for v in allocs]),
-                    (frees[0] + shift,) if move_frees == 1 else frees if move_frees == 0
-                    else tuple([v + shift if v >= low else v for v in frees]),
-                    iteration, (allocs, frees, shift, low))
-            else:
-                _, op, kind, group, size_bytes, name = special
-                collective = unmoved.get((id(op), iteration))
-                if collective is None:
-                    # As `post` makes it: the first post's (moved, equal) tuples.
-                    allocs, frees = op.allocs, op.frees
-                    if shift:
-                        allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
-                    collective = unmoved[(id(op), iteration)] = Collective(op.name, kind, group, size_bytes,
-                                                                           allocs, frees, iteration)
+        unmoved, moved = specials
+        fixed = fixed_by_iteration.get(iteration)
+        if fixed is None:
+            fixed = fixed_by_iteration[iteration] = self._unmoved_blockings(unmoved, iteration, shift, low)
+        for index, blocking in fixed:
+            runs[index] = blocking
+        for index, op_name, kind, group, size_bytes, name, allocs, frees, move_allocs, move_frees in moved:
+            collective = checked_collective(
+                op_name, kind, group, size_bytes,
+                (allocs[0] + shift,) if move_allocs == 1 else allocs if move_allocs == 0
+                else tuple([v + shift if v >= low else v for v in allocs]),
+                (frees[0] + shift,) if move_frees == 1 else frees if move_frees == 0
+                else tuple([v + shift if v >= low else v for v in frees]),
+                iteration, (allocs, frees, shift, low))
             runs[index] = new_blocking(Blocking, (collective, name))
         start = len(self.compute)
         self.compute += runs
         self.copies.append((start, len(self.compute), timed, iteration, low, specials))
 
+    def _unmoved_blockings(self, unmoved: tuple, iteration: int, shift: int, low: int) -> tuple:
+        """(index, Blocking) per collective of `unmoved` (`_compile`'s) in `iteration`: instructions are values, so
+        every copy of the template shares them, and `post` the collectives (made as it makes them: the first
+        post's moved, equal, tuples)."""
+        blockings = []
+        for index, op, kind, group, size_bytes, name in unmoved:
+            collective = self.unmoved.get((id(op), iteration))
+            if collective is None:
+                allocs, frees = op.allocs, op.frees
+                if shift:
+                    allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
+                collective = self.unmoved[(id(op), iteration)] = Collective(op.name, kind, group, size_bytes,
+                                                                            allocs, frees, iteration)
+            blockings.append((index, new_blocking(Blocking, (collective, name))))
+        return tuple(blockings)
+
     def _compile(self, timed: _TimedOps, low: int | None) -> tuple | None:
-        """(index in `timed.pairs`, special) per collective of `timed` lowered to a Blocking, for copies with this
-        `low` (None: not moved); special: (_UNMOVED, op, kind, group, size, stream) when its ids do not move,
-        (_MOVED, op name, kind, group, size, stream, op allocs, op frees, how each moves: `_moves`) when they do.
-        A collective of this rank alone is left out (it lowers to its run). None when a collective's lowering
-        depends on the streams' state, or `timed` has an optimizer-phase op (then `_general` lowers them)."""
+        """The collectives of `timed` lowered to a Blocking, for copies with this `low` (None: not moved), as
+        (unmoved, moved): unmoved (index in `timed.pairs`, op, kind, group, size, stream) when its ids do not move,
+        moved (index, op name, kind, group, size, stream, op allocs, op frees, how each moves: `_moves`) when
+        they do. A collective of this rank alone is left out (it lowers to its run). None when a collective's
+        lowering depends on the streams' state, or `timed` has an optimizer-phase op (then `_general` lowers
+        them)."""
         if not self.fuse_blocking:
             return None
-        specials = []
+        unmoved, moved = [], []
         for index, (op, _) in enumerate(timed.pairs):
             if op.op_class != COLLECTIVE:
                 if op.phase == OPTIMIZER_STEP:
@@ -259,11 +269,11 @@ class _Streams:
             if overlapped or name == self.dp_stream:
                 return None          # overlapped, or waits on pending reductions: post decides per call
             if low is not None and any(v >= low for v in op.allocs + op.frees):
-                specials.append((index, (_MOVED, op.name, kind, group, size_bytes, name, op.allocs, op.frees,
-                                         _moves(op.allocs, low), _moves(op.frees, low))))
+                moved.append((index, op.name, kind, group, size_bytes, name, op.allocs, op.frees,
+                              _moves(op.allocs, low), _moves(op.frees, low)))
             else:
-                specials.append((index, (_UNMOVED, op, kind, group, size_bytes, name)))
-        return tuple(specials)
+                unmoved.append((index, op, kind, group, size_bytes, name))
+        return tuple(unmoved), tuple(moved)
 
     def _general(self, timed: _TimedOps, iteration: int, shift: int, low: int) -> None:
         """`microbatch` op by op: plain stretches, then each special through `post` or `runs`."""
@@ -398,16 +408,16 @@ def _tag(kind: str, stage: int, microbatch: int, iteration: int) -> str:
 def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
                      warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0,
-                     schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None) -> Program:
+                     schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None,
+                     timing_cache: dict[tuple, float] | None = None) -> Program:
     """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0).
 
     `schedule_steps`: `schedule_check.program(schedule)` (every stage's) when the caller lowers several
-    ranks; computed here otherwise.
+    ranks; computed here otherwise. `timing_cache`: timed_ops' cache, shared by the caller's ranks.
     """
     rank = plan.rank_of(dp=dp, pp=stage, tp=tp)
     chunks = sorted(chunk for (s, chunk) in workloads if s == stage)
     tensors: dict[int, object] = {}
-    offsets: dict[int, int] = {}
     # Tensor ids of the chunks of one rank are made disjoint by an offset per chunk.
     offset = 0
     mine: dict[int, StageWorkload] = {}
@@ -418,9 +428,9 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
         if offset:
             workload = _shift(workload, offset)
         mine[chunk] = workload
-        offsets[chunk] = offset
-        tensors.update(workload.tensors)
-    cache: dict[tuple, float] = {}
+        # One chunk's tensors are the program's as they are (read only; a copy costs ~10^5 inserts per rank).
+        tensors = {**tensors, **workload.tensors} if tensors else workload.tensors
+    cache = timing_cache if timing_cache is not None else {}
     timed = {chunk: _timed_microbatches(w, device, cache) for chunk, w in mine.items()}
     steps = {chunk: timed_ops(w.optimizer, w.tensors, device, 0) for chunk, w in mine.items()}
     streams = _Streams(rank, plan, dp_stream=DP_STREAM)
@@ -656,13 +666,14 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
                         f"supported (DeepSpeed's PipelineEngine refuses it too; allowed with pp > 1: 0, 1)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
     schedule_steps = schedule_program(schedule)
+    cache: dict[tuple, float] = {}
     if not full:
         programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations,
-                                     schedule_steps=schedule_steps) for stage in range(plan.pp)]
+                                     schedule_steps=schedule_steps, timing_cache=cache) for stage in range(plan.pp)]
         return programs, workloads
     programs = []
     for rank in range(plan.world_size):
         c = plan.coords(rank)
         programs.append(lower_stage_rank(plan, schedule, c.pp, workloads, device, warmup_iterations, iterations,
-                                         dp=c.dp, tp=c.tp, schedule_steps=schedule_steps))
+                                         dp=c.dp, tp=c.tp, schedule_steps=schedule_steps, timing_cache=cache))
     return programs, workloads

@@ -258,5 +258,6 @@ class Program:
     # iteration, low, blocking): instructions [start, end) are the template's ops as Runs with that iteration
     # and low and one shift, its collectives as the Blocking instructions `blocking` (an object) describes. Equal
     # parts of two copies with the same template, iteration, low and blocking are the same instructions but for
-    # the shift (engine/stretches.py matches a stretch by them).
+    # the shift (engine/stretches.py matches a stretch by them; engine/rank_state.py skips them, as they hold no
+    # Signal, WaitFor or Period).
     copies: tuple[tuple, ...] = ()

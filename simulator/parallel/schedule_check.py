@@ -119,15 +119,19 @@ def _index(schedule: Schedule) -> _Index:
 
 
 def _dependencies(schedule: Schedule, index: _Index, action: Action) -> tuple[Action, ...]:
+    return tuple(Action(*key) for key in _dependency_keys(schedule, index, action))
+
+
+def _dependency_keys(schedule: Schedule, index: _Index, action: Action) -> tuple[tuple[int, str, int], ...]:
+    """The keys of `_dependencies(schedule, index, action)`, without making (and checking) Actions."""
     stage, microbatch = action.stage, action.microbatch
     if action.kind == "F":
-        return (Action(stage - 1, "F", microbatch),) if stage > 0 else ()
+        return ((stage - 1, "F", microbatch),) if stage > 0 else ()
     if action.kind == "W":
-        return (Action(stage, "I", microbatch),)
-    deps = [Action(stage, "F", microbatch)]
+        return ((stage, "I", microbatch),)
     if stage + 1 < schedule.num_stages:
-        deps.append(Action(stage + 1, index.grad_kind.get((stage + 1, microbatch), "B"), microbatch))
-    return tuple(deps)
+        return ((stage, "F", microbatch), (stage + 1, index.grad_kind.get((stage + 1, microbatch), "B"), microbatch))
+    return ((stage, "F", microbatch),)
 
 
 def dependencies(schedule: Schedule, action: Action) -> tuple[Action, ...]:
@@ -145,13 +149,13 @@ def transfers(schedule: Schedule) -> tuple[Transfer, ...]:
     result = []
     for rank, actions in enumerate(schedule.ranks):
         for action in actions:
-            for dep in _dependencies(schedule, index, action):
-                if dep.stage == action.stage:
+            for dep in _dependency_keys(schedule, index, action):
+                if dep[0] == action.stage:
                     continue
-                src = schedule.rank_of(dep.stage)
+                src = schedule.rank_of(dep[0])
                 if src != rank:
                     kind = "activation" if action.kind == "F" else "gradient"
-                    result.append(Transfer(kind, dep, action, src, rank))
+                    result.append(Transfer(kind, Action(*dep), action, src, rank))
     result.sort(key=lambda t: (t.producer.stage, t.producer.microbatch, t.kind))
     return tuple(result)
 
@@ -210,20 +214,21 @@ def _run(schedule: Schedule, index: _Index, cost_s: dict[str, float], comm_s: fl
             action = actions[len(times[rank])]
             start = free[rank]
             missing = None
-            for dep in _dependencies(schedule, index, action):
-                done = end.get(dep.key)
+            for dep in _dependency_keys(schedule, index, action):
+                done = end.get(dep)
                 if done is None:
                     missing = dep
                     break
-                start = max(start, done + (comm_s if rank_of[dep.stage] != rank else 0.0))
+                start = max(start, done + (comm_s if rank_of[dep[0]] != rank else 0.0))
             if missing is not None:
-                waiting.setdefault(missing.key, []).append(rank)
+                waiting.setdefault(missing, []).append(rank)
                 break
             finish = start + cost_s[action.kind]
             times[rank].append((start, finish))
-            end[action.key] = finish
+            key = action.key
+            end[key] = finish
             free[rank] = finish
-            ready.extend(waiting.pop(action.key, ()))
+            ready.extend(waiting.pop(key, ()))
     blocked = []
     for rank, actions in enumerate(schedule.ranks):
         done = len(times[rank])
