@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, not_
 from typing import Protocol
 
 from simulator.errors import TopologyError
@@ -43,6 +44,9 @@ _MEMO_ENTRIES = 256
 
 _shape = attrgetter("shape")
 _multi = attrgetter("multi")
+_exhaust = deque(maxlen=0).extend       # runs an iterator (of dict updates) to its end in C
+_set_item = dict.__setitem__
+_del_item = dict.__delitem__
 
 
 def _delivery_order(delivered: tuple[float, int, _Active]) -> tuple[float, int]:
@@ -124,8 +128,8 @@ class FlowNetwork:
         self._on: defaultdict[int, dict[int, int]] = defaultdict(dict)
         self._capacity: dict[int, float] = {}
         self._dirty: dict[int, None] = {}            # resources whose flows need new rates (some may be idle)
-        # (src, dst) -> (route resources, their ids, the ids as dict keys, route latency, shape id without a cap,
-        # whether the route crosses a resource more than once)
+        # (src, dst) -> (route resources, their ids, the ids as dict keys, times each is crossed, route latency,
+        # shape id without a cap, whether the route crosses a resource more than once)
         self._routes: dict[tuple, tuple] = {}
         # (end of transmission, push number, [(flow id, version), ...]): one entry for the flows of a re-rating
         # that end at the same time; a flow's entry is valid while its version is the one listed
@@ -175,12 +179,13 @@ class FlowNetwork:
         """
         first = flow_id = self._next_id
         routes, on, active_of, dirty = self._routes, self._on, self._active, self._dirty
+        on_get = on.__getitem__             # (a defaultdict: an idle resource gets its dict)
         now = self._now
         for flow in flows:
             known = routes.get((flow.src, flow.dst))
             if known is None:
                 known = self._route(flow.src, flow.dst)
-            uses, res, keys, latency_s, shape, multi = known
+            uses, res, keys, counts, latency_s, shape, multi = known
             cap = flow.max_bytes_per_s
             if cap is not None:
                 cap = float(cap)
@@ -191,14 +196,14 @@ class FlowNetwork:
                 uses = uses + ((cap_resource, 1),)
                 res = res + (cap_resource,)
                 keys = dict.fromkeys(res)
+                counts = counts + (1,)
             active = _Active(flow, now, uses, res, latency_s if with_latency else 0.0, shape, multi)
             if flow.size_bytes == 0 or not uses:
                 self._sent[flow_id] = active
                 heapq.heappush(self._arrive, (now + active.latency_s, flow_id))
             else:
                 active_of[flow_id] = active
-                for resource, count in uses:
-                    on[resource][flow_id] = count
+                _exhaust(map(_set_item, map(on_get, res), repeat(flow_id), counts))    # on[r][flow_id] = count
                 dirty.update(keys)
             flow_id += 1
             self._next_id = flow_id
@@ -213,13 +218,14 @@ class FlowNetwork:
             route = topology.route(src, dst)
             uses, latency_s = route.resources, route.latency_s
         res = tuple(resource for resource, _ in uses)
+        counts = tuple(count for _, count in uses)
         for resource in res:
             if resource not in self._capacity:
                 self._capacity[resource] = topology.capacity_bytes_per_s(resource)
         shapes = self._shapes
         shape = shapes.setdefault((uses, None), len(shapes))
-        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), latency_s, shape,
-                                            any(count != 1 for _, count in uses))
+        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), counts, latency_s, shape,
+                                            any(count != 1 for count in counts))
         return known
 
     def rate_bytes_per_s(self, flow_id: int) -> float:
@@ -315,7 +321,7 @@ class FlowNetwork:
         dirty = self._dirty
         now = self._now
         heappush = heapq.heappush
-        touched: set[int] = set()          # the resources of the flows ended
+        on_get = on.__getitem__
         for flow_id in ended:
             active = active_of.pop(flow_id)
             active.remaining = 0.0
@@ -326,19 +332,16 @@ class FlowNetwork:
                 # into new units (_components relies on every such flow's resources being seeds).
                 unit.broken = True
                 dirty.update(dict.fromkeys(unit.resources))
-            touched.update(active.res)
             sent[flow_id] = active
             heappush(arrive, (now + active.latency_s, flow_id))
-        gone = set(ended)
-        for resource in touched:            # (in any order: each resource's flows keep theirs)
-            crossing = on[resource]
-            if crossing.keys() <= gone:     # all its flows end now: it goes idle
-                del on[resource]
-                if resource < 0:
-                    del capacity[resource]
-            else:
-                for flow_id in crossing.keys() & gone:
-                    del crossing[flow_id]
+            # Off its resources (each resource's other flows keep their order); those left empty go idle.
+            res = active.res
+            crossings = list(map(on_get, res))
+            _exhaust(map(_del_item, crossings, repeat(flow_id)))
+            if not all(crossings):
+                _exhaust(map(on.__delitem__, compress(res, map(not_, crossings))))
+            if res[-1] < 0:                 # its private cap resource (always last)
+                del capacity[res[-1]]
 
     def _drop_stale(self) -> None:
         """Pop finish entries none of whose flows is still valid; keep only the valid flows of the first one."""
@@ -435,14 +438,18 @@ class FlowNetwork:
         busy = list(filter(on.__contains__, dirty))
         found: list[tuple[list[int], list[_Active], tuple[float]]] = []
         taken: set[int] = set()             # the resources of the flows rated here
+        shared: set[int] = set()            # flows found to share a resource (each is checked once)
         for resource in busy:
             crossing = on[resource]
             if len(crossing) != 1 or resource in taken:
                 continue
             flow_id = next(iter(crossing))
+            if flow_id in shared:
+                continue
             active = active_get(flow_id)
             res = active.res
             if len(res) > 1 and list(map(len, map(on.__getitem__, res))).count(1) != len(res):
+                shared.add(flow_id)
                 continue
             rate = lone.get(active.shape)
             if rate is None:
