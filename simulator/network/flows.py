@@ -24,7 +24,7 @@ import math
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain, compress, filterfalse, repeat
 from operator import attrgetter, not_
 from typing import Protocol
 
@@ -123,6 +123,8 @@ class FlowNetwork:
         self._fast_routes = hasattr(topology, "route_uses") and hasattr(topology, "route_latency_s")
         self._now = float(start_s)
         self._next_id = 0
+        self._fresh_from = 0                         # the first flow id started since the last re-rating
+        self._left_alone: dict[int, None] = {}       # flows left alone on a resource since then (some ended)
         self._active: dict[int, _Active] = {}
         # resource -> {flow id: uses}, in start order; only busy resources (read idle ones with `get` or `in`)
         self._on: defaultdict[int, dict[int, int]] = defaultdict(dict)
@@ -322,6 +324,7 @@ class FlowNetwork:
         now = self._now
         heappush = heapq.heappush
         on_get = on.__getitem__
+        alone = self._left_alone
         for flow_id in ended:
             active = active_of.pop(flow_id)
             active.remaining = 0.0
@@ -340,6 +343,8 @@ class FlowNetwork:
             _exhaust(map(_del_item, crossings, repeat(flow_id)))
             if not all(crossings):
                 _exhaust(map(on.__delitem__, compress(res, map(not_, crossings))))
+            if any(crossings):              # a flow it leaves alone on a resource may now be alone everywhere
+                alone.update(dict.fromkeys([next(iter(crossing)) for crossing in crossings if len(crossing) == 1]))
             if res[-1] < 0:                 # its private cap resource (always last)
                 del capacity[res[-1]]
 
@@ -376,6 +381,8 @@ class FlowNetwork:
             return
         rated, seeds = self._lone_flows(dirty)
         dirty.clear()
+        self._fresh_from = self._next_id
+        self._left_alone.clear()
         components = self._components(seeds) if seeds else ()
         now = self._now
         finish = self._finish
@@ -423,33 +430,29 @@ class FlowNetwork:
 
     def _lone_flows(self, dirty: dict[int, None]) -> tuple[list[tuple[list[int], list[_Active], tuple[float]]],
                                                             list[int]]:
-        """Rate the flows on `dirty` resources that are alone on every resource they cross: ([flow id], [its state],
-        (its rate,)) for each, and the busy resources of `dirty` that are none of theirs (in order), to search.
+        """Rate the flows started since the last re-rating, or left alone on a resource since, that are alone on
+        every resource they cross: ([flow id], [its state], (its rate,)) for each, and the busy resources of `dirty`
+        that are none of theirs (in order), to search.
 
         Such a flow is a component of its own, which the search would find and `one_level` rate: with one flow
         every resource's share is capacity / times crossed, the least of them is tight, so `one_level` returns
         exactly that least share (when positive and finite; else the search and filling rate it). It depends
         only on the flow's shape, and is remembered by it. The flow gets the unit the search would give it: its
-        own intact unit if it has one (that unit is then this flow alone), else a new one. Idle resources are
-        left out of the seeds: the search skips them anyway.
+        own intact unit if it has one (that unit is then this flow alone), else a new one. A flow on a `dirty`
+        resource that is alone everywhere is one of those (it started since, or the others on one of its resources
+        ended since), so only they are looked at: a pass per flow, not per resource. (A flow the search rates gets
+        the same float.) Idle resources are left out of the seeds: the search skips them anyway.
         """
-        on, capacity, unit_of, lone = self._on, self._capacity, self._unit_of, self._lone
-        active_get = self._active.__getitem__
-        busy = list(filter(on.__contains__, dirty))
+        on, capacity, unit_of, lone, active_of = self._on, self._capacity, self._unit_of, self._lone, self._active
+        on_get = on.__getitem__
         found: list[tuple[list[int], list[_Active], tuple[float]]] = []
         taken: set[int] = set()             # the resources of the flows rated here
-        shared: set[int] = set()            # flows found to share a resource (each is checked once)
-        for resource in busy:
-            crossing = on[resource]
-            if len(crossing) != 1 or resource in taken:
+        for flow_id in chain(self._left_alone, range(self._fresh_from, self._next_id)):
+            active = active_of.get(flow_id)
+            if active is None:              # (ended, or nothing to send: delivered without rating)
                 continue
-            flow_id = next(iter(crossing))
-            if flow_id in shared:
-                continue
-            active = active_get(flow_id)
             res = active.res
-            if len(res) > 1 and list(map(len, map(on.__getitem__, res))).count(1) != len(res):
-                shared.add(flow_id)
+            if list(map(len, map(on_get, res))).count(1) != len(res):
                 continue
             rate = lone.get(active.shape)
             if rate is None:
@@ -461,7 +464,8 @@ class FlowNetwork:
                 unit_of[flow_id] = Unit({flow_id}, set(res))
             taken.update(res)
             found.append(([flow_id], [active], (rate,)))
-        return found, [r for r in busy if r not in taken] if taken else busy
+        busy = filter(on.__contains__, dirty)
+        return found, list(filterfalse(taken.__contains__, busy) if taken else busy)
 
     def _fill_component(self, ids: list[int], flows: list[_Active], resources: Iterable[int]) -> tuple[float, ...]:
         """Rates of one component's flows (`ids` increasing, `flows` their states), in that order: one level when
