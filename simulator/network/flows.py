@@ -25,7 +25,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import chain, compress, filterfalse, repeat
-from operator import attrgetter, not_
+from operator import attrgetter
 from typing import Protocol
 
 from simulator.errors import TopologyError
@@ -126,7 +126,8 @@ class FlowNetwork:
         self._fresh_from = 0                         # the first flow id started since the last re-rating
         self._left_alone: dict[int, None] = {}       # flows left alone on a resource since then (some ended)
         self._active: dict[int, _Active] = {}
-        # resource -> {flow id: uses}, in start order; only busy resources (read idle ones with `get` or `in`)
+        # resource -> {flow id: uses}, in start order; empty once idle (a link's dict is kept for its next flows:
+        # making and dropping a dict per link per flow cost more than the rest of a start), read with `get`
         self._on: defaultdict[int, dict[int, int]] = defaultdict(dict)
         self._capacity: dict[int, float] = {}
         self._dirty: dict[int, None] = {}            # resources whose flows need new rates (some may be idle)
@@ -181,7 +182,7 @@ class FlowNetwork:
         """
         first = flow_id = self._next_id
         routes, on, active_of, dirty = self._routes, self._on, self._active, self._dirty
-        on_get = on.__getitem__             # (a defaultdict: an idle resource gets its dict)
+        on_get = on.__getitem__             # (a defaultdict: a resource used for the first time gets its dict)
         now = self._now
         for flow in flows:
             known = routes.get((flow.src, flow.dst))
@@ -246,7 +247,7 @@ class FlowNetwork:
         self._refresh()
         loads = {}
         for resource in sorted(self._on):
-            if resource >= 0:
+            if resource >= 0 and self._on[resource]:
                 used = sum(self._active[f].rate * n for f, n in self._on[resource].items())
                 loads[resource] = (used, self._capacity[resource])
         return loads
@@ -329,24 +330,23 @@ class FlowNetwork:
             active = active_of.pop(flow_id)
             active.remaining = 0.0
             active.rate = 0.0
-            unit = unit_of.pop(flow_id)     # (every flow was rated, hence in a unit, before it can end)
-            if not unit.broken:
-                # Its other flows may no longer be connected: they become seeds, to be walked one by one and put
-                # into new units (_components relies on every such flow's resources being seeds).
-                unit.broken = True
-                dirty.update(dict.fromkeys(unit.resources))
             sent[flow_id] = active
             heappush(arrive, (now + active.latency_s, flow_id))
-            # Off its resources (each resource's other flows keep their order); those left empty go idle.
+            # Off its resources (each resource's other flows keep their order).
             res = active.res
             crossings = list(map(on_get, res))
             _exhaust(map(_del_item, crossings, repeat(flow_id)))
-            if not all(crossings):
-                _exhaust(map(on.__delitem__, compress(res, map(not_, crossings))))
+            unit = unit_of.pop(flow_id)     # (every flow was rated, hence in a unit, before it can end)
+            if not unit.broken:
+                # Its other flows may no longer be connected: they become seeds, to be walked one by one and put
+                # into new units (_components relies on every such flow's resources being seeds). A unit of this
+                # flow alone has its resources: those still busy are enough (idle seeds are skipped).
+                unit.broken = True
+                dirty.update(dict.fromkeys(unit.resources if len(unit.flows) > 1 else compress(res, crossings)))
             if any(crossings):              # a flow it leaves alone on a resource may now be alone everywhere
                 alone.update(dict.fromkeys([next(iter(crossing)) for crossing in crossings if len(crossing) == 1]))
-            if res[-1] < 0:                 # its private cap resource (always last)
-                del capacity[res[-1]]
+            if res[-1] < 0:                 # its private cap resource (always last) is dropped
+                del capacity[res[-1]], on[res[-1]]
 
     def _drop_stale(self) -> None:
         """Pop finish entries none of whose flows is still valid; keep only the valid flows of the first one."""
@@ -464,7 +464,7 @@ class FlowNetwork:
                 unit_of[flow_id] = Unit({flow_id}, set(res))
             taken.update(res)
             found.append(([flow_id], [active], (rate,)))
-        busy = filter(on.__contains__, dirty)
+        busy = compress(dirty, map(on.get, dirty))      # (a dropped cap resource: None)
         return found, list(filterfalse(taken.__contains__, busy) if taken else busy)
 
     def _fill_component(self, ids: list[int], flows: list[_Active], resources: Iterable[int]) -> tuple[float, ...]:
