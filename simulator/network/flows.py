@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import chain, compress, filterfalse, repeat
+from itertools import chain, compress, filterfalse
 from operator import attrgetter
 from typing import Protocol
 
@@ -44,9 +44,6 @@ _MEMO_ENTRIES = 256
 
 _shape = attrgetter("shape")
 _multi = attrgetter("multi")
-_exhaust = deque(maxlen=0).extend       # runs an iterator (of dict updates) to its end in C
-_set_item = dict.__setitem__
-_del_item = dict.__delitem__
 
 
 def _delivery_order(delivered: tuple[float, int, _Active]) -> tuple[float, int]:
@@ -131,8 +128,8 @@ class FlowNetwork:
         self._on: defaultdict[int, dict[int, int]] = defaultdict(dict)
         self._capacity: dict[int, float] = {}
         self._dirty: dict[int, None] = {}            # resources whose flows need new rates (some may be idle)
-        # (src, dst) -> (route resources, their ids, the ids as dict keys, times each is crossed, route latency,
-        # shape id without a cap, whether the route crosses a resource more than once)
+        # (src, dst) -> (route resources, their ids, the ids as dict keys, route latency, shape id without a cap,
+        # whether the route crosses a resource more than once)
         self._routes: dict[tuple, tuple] = {}
         # (end of transmission, push number, [(flow id, version), ...]): one entry for the flows of a re-rating
         # that end at the same time; a flow's entry is valid while its version is the one listed
@@ -182,13 +179,12 @@ class FlowNetwork:
         """
         first = flow_id = self._next_id
         routes, on, active_of, dirty = self._routes, self._on, self._active, self._dirty
-        on_get = on.__getitem__             # (a defaultdict: a resource used for the first time gets its dict)
         now = self._now
         for flow in flows:
             known = routes.get((flow.src, flow.dst))
             if known is None:
                 known = self._route(flow.src, flow.dst)
-            uses, res, keys, counts, latency_s, shape, multi = known
+            uses, res, keys, latency_s, shape, multi = known
             cap = flow.max_bytes_per_s
             if cap is not None:
                 cap = float(cap)
@@ -199,14 +195,14 @@ class FlowNetwork:
                 uses = uses + ((cap_resource, 1),)
                 res = res + (cap_resource,)
                 keys = dict.fromkeys(res)
-                counts = counts + (1,)
             active = _Active(flow, now, uses, res, latency_s if with_latency else 0.0, shape, multi)
             if flow.size_bytes == 0 or not uses:
                 self._sent[flow_id] = active
                 heapq.heappush(self._arrive, (now + active.latency_s, flow_id))
             else:
                 active_of[flow_id] = active
-                _exhaust(map(_set_item, map(on_get, res), repeat(flow_id), counts))    # on[r][flow_id] = count
+                for resource, count in uses:
+                    on[resource][flow_id] = count
                 dirty.update(keys)
             flow_id += 1
             self._next_id = flow_id
@@ -221,14 +217,13 @@ class FlowNetwork:
             route = topology.route(src, dst)
             uses, latency_s = route.resources, route.latency_s
         res = tuple(resource for resource, _ in uses)
-        counts = tuple(count for _, count in uses)
         for resource in res:
             if resource not in self._capacity:
                 self._capacity[resource] = topology.capacity_bytes_per_s(resource)
         shapes = self._shapes
         shape = shapes.setdefault((uses, None), len(shapes))
-        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), counts, latency_s, shape,
-                                            any(count != 1 for count in counts))
+        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), latency_s, shape,
+                                            any(count != 1 for _, count in uses))
         return known
 
     def rate_bytes_per_s(self, flow_id: int) -> float:
@@ -324,7 +319,6 @@ class FlowNetwork:
         dirty = self._dirty
         now = self._now
         heappush = heapq.heappush
-        on_get = on.__getitem__
         alone = self._left_alone
         for flow_id in ended:
             active = active_of.pop(flow_id)
@@ -332,19 +326,22 @@ class FlowNetwork:
             active.rate = 0.0
             sent[flow_id] = active
             heappush(arrive, (now + active.latency_s, flow_id))
-            # Off its resources (each resource's other flows keep their order).
-            res = active.res
-            crossings = list(map(on_get, res))
-            _exhaust(map(_del_item, crossings, repeat(flow_id)))
             unit = unit_of.pop(flow_id)     # (every flow was rated, hence in a unit, before it can end)
             if not unit.broken:
                 # Its other flows may no longer be connected: they become seeds, to be walked one by one and put
                 # into new units (_components relies on every such flow's resources being seeds). A unit of this
-                # flow alone has its resources: those still busy are enough (idle seeds are skipped).
+                # flow alone has its resources: those still busy, below, are enough (idle seeds are skipped).
                 unit.broken = True
-                dirty.update(dict.fromkeys(unit.resources if len(unit.flows) > 1 else compress(res, crossings)))
-            if any(crossings):              # a flow it leaves alone on a resource may now be alone everywhere
-                alone.update(dict.fromkeys([next(iter(crossing)) for crossing in crossings if len(crossing) == 1]))
+                if len(unit.flows) > 1:
+                    dirty.update(dict.fromkeys(unit.resources))
+            res = active.res
+            for resource in res:            # (each resource's other flows keep their order)
+                crossing = on[resource]
+                del crossing[flow_id]
+                if crossing:                # its other flows need new rates
+                    dirty[resource] = None
+                    if len(crossing) == 1:  # one left alone here may now be alone everywhere
+                        alone[next(iter(crossing))] = None
             if res[-1] < 0:                 # its private cap resource (always last) is dropped
                 del capacity[res[-1]], on[res[-1]]
 
