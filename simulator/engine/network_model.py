@@ -28,6 +28,7 @@ from itertools import compress, repeat
 from operator import attrgetter, is_
 import simpy
 
+from simulator.engine.rank_state import COMPUTE_STREAM
 from simulator.engine.shadows import ShadowRanks
 from simulator.errors import PlanError
 from simulator.network.collectives import CollectiveSchedule, Phase, candidates, lower_collective
@@ -41,6 +42,28 @@ from simulator.parallel.program import COMM_INSTRUCTIONS, Blocking, Collective, 
 _OTHER_COMMUNICATION = frozenset(COMM_INSTRUCTIONS)       # what _analyze looks at, besides Blocking
 _BLOCKING_KEY = attrgetter("collective.kind", "collective.group", "collective.size_bytes")
 _BLOCKING_POSTER = attrgetter("collective.group", "stream")
+
+
+def _streams_to_scan(program: Program) -> list[tuple[str, list]]:
+    """(stream, instructions) holding every (kind, group, size) and (group, stream) of `program`'s communication
+    once or more, in the order of their first occurrence: every stream, but on the compute stream only the first
+    micro-batch copy of each `blocking` (Program.copies): copies with the same `blocking` post the same Blocking
+    collectives, but for their tensor ids and iteration."""
+    streams = list(program.streams.items())
+    if not program.copies:
+        return streams
+    compute = program.streams[COMPUTE_STREAM]
+    parts: list[tuple[str, list]] = []
+    seen: set[int] = set()
+    scanned_to = 0
+    for start, end, _, _, _, blocking in program.copies:
+        if id(blocking) in seen:        # (the copies are kept alive by `program`: ids are not reused)
+            parts.append((COMPUTE_STREAM, compute[scanned_to:start]))
+            scanned_to = end
+        else:
+            seen.add(id(blocking))
+    parts.append((COMPUTE_STREAM, compute[scanned_to:]))
+    return [part for stream, _ in streams for part in (parts if stream == COMPUTE_STREAM else [(stream, _)])]
 
 
 class Pending:
@@ -279,7 +302,7 @@ class NetworkModel:
         posters: dict[tuple[int, ...], dict[int, set[str]]] = {}   # collective group -> rank -> streams
         for program in programs:
             rank = program.rank
-            for stream, instructions in program.streams.items():
+            for stream, instructions in _streams_to_scan(program):
                 # Only communication matters here: pick it out in C (most instructions are compute runs), and
                 # Blocking instructions (a TP collective each: most of the rest) by their distinct keys, in C too.
                 kinds = list(map(type, instructions))

@@ -9,7 +9,7 @@ independent traffic is not touched. The search for components walks *units* — 
 through their own resources, kept until one of their flows ends — whole, so a component that loses some of its
 flows is not walked flow by flow again; a component whose flows all end at one rate gets it without filling
 (`filling.one_level`); a flow alone on every resource it crosses is rated without a search, by its shape
-(`_lone_flows`); large components' rates are remembered by shape. A flow occupies its links until its
+(`_lone_flows`); components' rates are remembered by shape. A flow occupies its links until its
 bytes are sent and is delivered `latency_s` (its route's latency) later.
 
 Works on any routing model with `route(src, dst) -> Route` and `capacity_bytes_per_s(resource) -> float`
@@ -24,6 +24,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain, compress, filterfalse
 from operator import attrgetter
 from typing import Protocol
 
@@ -36,8 +37,9 @@ __all__ = ["Delivery", "Flow", "FlowNetwork", "RoutingModel", "max_min_rates"]
 
 # Events closer than this (relative) are processed together: symmetric flows finish in one step.
 _SAME_TIME = 1e-12
-# Components of at least this many flows have their rates remembered by shape (FlowNetwork._refresh) ...
-_MEMO_MIN_FLOWS = 64
+# Components of at least this many flows have their rates remembered by shape (FlowNetwork._refresh): a pipeline's
+# steady state repeats the same few (at 1,536 GPUs, 118 shapes among 3,545 components of 2 to 28 flows) ...
+_MEMO_MIN_FLOWS = 2
 # ... in at most this many entries (the oldest is forgotten first).
 _MEMO_ENTRIES = 256
 
@@ -119,8 +121,11 @@ class FlowNetwork:
         self._fast_routes = hasattr(topology, "route_uses") and hasattr(topology, "route_latency_s")
         self._now = float(start_s)
         self._next_id = 0
+        self._fresh_from = 0                         # the first flow id started since the last re-rating
+        self._left_alone: dict[int, None] = {}       # flows left alone on a resource since then (some ended)
         self._active: dict[int, _Active] = {}
-        # resource -> {flow id: uses}, in start order; only busy resources (read idle ones with `get` or `in`)
+        # resource -> {flow id: uses}, in start order; empty once idle (a link's dict is kept for its next flows:
+        # making and dropping a dict per link per flow cost more than the rest of a start), read with `get`
         self._on: defaultdict[int, dict[int, int]] = defaultdict(dict)
         self._capacity: dict[int, float] = {}
         self._dirty: dict[int, None] = {}            # resources whose flows need new rates (some may be idle)
@@ -238,7 +243,7 @@ class FlowNetwork:
         self._refresh()
         loads = {}
         for resource in sorted(self._on):
-            if resource >= 0:
+            if resource >= 0 and self._on[resource]:
                 used = sum(self._active[f].rate * n for f, n in self._on[resource].items())
                 loads[resource] = (used, self._capacity[resource])
         return loads
@@ -315,30 +320,31 @@ class FlowNetwork:
         dirty = self._dirty
         now = self._now
         heappush = heapq.heappush
-        touched: set[int] = set()          # the resources of the flows ended
+        alone = self._left_alone
         for flow_id in ended:
             active = active_of.pop(flow_id)
             active.remaining = 0.0
             active.rate = 0.0
+            sent[flow_id] = active
+            heappush(arrive, (now + active.latency_s, flow_id))
             unit = unit_of.pop(flow_id)     # (every flow was rated, hence in a unit, before it can end)
             if not unit.broken:
                 # Its other flows may no longer be connected: they become seeds, to be walked one by one and put
-                # into new units (_components relies on every such flow's resources being seeds).
+                # into new units (_components relies on every such flow's resources being seeds). A unit of this
+                # flow alone has its resources: those still busy, below, are enough (idle seeds are skipped).
                 unit.broken = True
-                dirty.update(dict.fromkeys(unit.resources))
-            touched.update(active.res)
-            sent[flow_id] = active
-            heappush(arrive, (now + active.latency_s, flow_id))
-        gone = set(ended)
-        for resource in touched:            # (in any order: each resource's flows keep theirs)
-            crossing = on[resource]
-            if crossing.keys() <= gone:     # all its flows end now: it goes idle
-                del on[resource]
-                if resource < 0:
-                    del capacity[resource]
-            else:
-                for flow_id in crossing.keys() & gone:
-                    del crossing[flow_id]
+                if len(unit.flows) > 1:
+                    dirty.update(dict.fromkeys(unit.resources))
+            res = active.res
+            for resource in res:            # (each resource's other flows keep their order)
+                crossing = on[resource]
+                del crossing[flow_id]
+                if crossing:                # its other flows need new rates
+                    dirty[resource] = None
+                    if len(crossing) == 1:  # one left alone here may now be alone everywhere
+                        alone[next(iter(crossing))] = None
+            if res[-1] < 0:                 # its private cap resource (always last) is dropped
+                del capacity[res[-1]], on[res[-1]]
 
     def _drop_stale(self) -> None:
         """Pop finish entries none of whose flows is still valid; keep only the valid flows of the first one."""
@@ -363,7 +369,7 @@ class FlowNetwork:
         would do the same float operations on each), on the network's own bookkeeping: `_on` lists each
         resource's flows in id order, which is what `max_min_rates` would build.
 
-        A large component's rates are remembered under its shape: the shape id of every flow (route resources
+        A component's rates are remembered under its shape: the shape id of every flow (route resources
         and rate cap), in flow id order. Equal shapes mean the same resources with the same capacities, the same
         uses and the same order of flows and of resource ids (a cap resource's id, -1 - flow id, orders the caps
         as their flows), so the filling would repeat the same float operations and return the same rates.
@@ -373,6 +379,8 @@ class FlowNetwork:
             return
         rated, seeds = self._lone_flows(dirty)
         dirty.clear()
+        self._fresh_from = self._next_id
+        self._left_alone.clear()
         components = self._components(seeds) if seeds else ()
         now = self._now
         finish = self._finish
@@ -420,29 +428,29 @@ class FlowNetwork:
 
     def _lone_flows(self, dirty: dict[int, None]) -> tuple[list[tuple[list[int], list[_Active], tuple[float]]],
                                                             list[int]]:
-        """Rate the flows on `dirty` resources that are alone on every resource they cross: ([flow id], [its state],
-        (its rate,)) for each, and the busy resources of `dirty` that are none of theirs (in order), to search.
+        """Rate the flows started since the last re-rating, or left alone on a resource since, that are alone on
+        every resource they cross: ([flow id], [its state], (its rate,)) for each, and the busy resources of `dirty`
+        that are none of theirs (in order), to search.
 
         Such a flow is a component of its own, which the search would find and `one_level` rate: with one flow
         every resource's share is capacity / times crossed, the least of them is tight, so `one_level` returns
         exactly that least share (when positive and finite; else the search and filling rate it). It depends
         only on the flow's shape, and is remembered by it. The flow gets the unit the search would give it: its
-        own intact unit if it has one (that unit is then this flow alone), else a new one. Idle resources are
-        left out of the seeds: the search skips them anyway.
+        own intact unit if it has one (that unit is then this flow alone), else a new one. A flow on a `dirty`
+        resource that is alone everywhere is one of those (it started since, or the others on one of its resources
+        ended since), so only they are looked at: a pass per flow, not per resource. (A flow the search rates gets
+        the same float.) Idle resources are left out of the seeds: the search skips them anyway.
         """
-        on, capacity, unit_of, lone = self._on, self._capacity, self._unit_of, self._lone
-        active_get = self._active.__getitem__
-        busy = list(filter(on.__contains__, dirty))
+        on, capacity, unit_of, lone, active_of = self._on, self._capacity, self._unit_of, self._lone, self._active
+        on_get = on.__getitem__
         found: list[tuple[list[int], list[_Active], tuple[float]]] = []
         taken: set[int] = set()             # the resources of the flows rated here
-        for resource in busy:
-            crossing = on[resource]
-            if len(crossing) != 1 or resource in taken:
+        for flow_id in chain(self._left_alone, range(self._fresh_from, self._next_id)):
+            active = active_of.get(flow_id)
+            if active is None:              # (ended, or nothing to send: delivered without rating)
                 continue
-            flow_id = next(iter(crossing))
-            active = active_get(flow_id)
             res = active.res
-            if len(res) > 1 and list(map(len, map(on.__getitem__, res))).count(1) != len(res):
+            if list(map(len, map(on_get, res))).count(1) != len(res):
                 continue
             rate = lone.get(active.shape)
             if rate is None:
@@ -454,7 +462,8 @@ class FlowNetwork:
                 unit_of[flow_id] = Unit({flow_id}, set(res))
             taken.update(res)
             found.append(([flow_id], [active], (rate,)))
-        return found, [r for r in busy if r not in taken] if taken else busy
+        busy = compress(dirty, map(on.get, dirty))      # (a dropped cap resource: None)
+        return found, list(filterfalse(taken.__contains__, busy) if taken else busy)
 
     def _fill_component(self, ids: list[int], flows: list[_Active], resources: Iterable[int]) -> tuple[float, ...]:
         """Rates of one component's flows (`ids` increasing, `flows` their states), in that order: one level when

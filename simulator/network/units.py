@@ -10,7 +10,7 @@ of its flows (one batch of transfers ending among others) costs its broken parts
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from itertools import filterfalse
+from itertools import compress, filterfalse
 from operator import attrgetter
 from typing import Any
 
@@ -54,10 +54,10 @@ def components(on: Mapping[int, dict[int, int]], active: Mapping[int, Any], unit
     many (`_unite`).
 
     Args:
-        on: busy resource -> {flow id: times crossed}.
+        on: resource -> {flow id: times crossed} (empty or missing: idle).
         active: flow id -> its state (anything with `res`, the ids of the resources it crosses).
         unit_of: rated flow id -> its unit; updated with the new units.
-        seeds: resources whose flows started or ended since the last search, and every resource of a unit
+        seeds: resources whose flows started or ended since the last search, and every busy resource of a unit
             broken since (FlowNetwork.start_many and FlowNetwork._end_transmissions add them).
         stamp: a number no earlier search used (marks the units taken).
 
@@ -68,7 +68,7 @@ def components(on: Mapping[int, dict[int, int]], active: Mapping[int, Any], unit
     dirty = set(seeds)
     seen: set[int] = set()
     found_components = []
-    live = list(filter(on.__contains__, seeds))     # (idle seeds are skipped)
+    live = list(compress(seeds, map(on.get, seeds)))     # (idle seeds are skipped)
     i = 0
     while i < len(live):
         seed = live[i]
