@@ -96,6 +96,24 @@ def test_several_workers_share_the_ranks(monkeypatch):
     assert _everything(api.simulate(scenario_from_dict(doc), memory_workers=3)) == here
 
 
+def test_a_worker_behind_queues_its_calls_in_the_engine(monkeypatch):
+    # A one-page pipe and a slow worker: the pipe fills, the engine goes on with the rest queued (partial writes
+    # included), and the queue is written once the engine has ended; the results are the in-process ones.
+    import time
+
+    slow_apply = memory_worker.apply
+    monkeypatch.setattr(memory_worker, "apply", lambda *args: (time.sleep(0.002), slow_apply(*args)))
+    monkeypatch.setattr(memory_worker, "CHUNK_CALLS", 4)
+    monkeypatch.setattr(memory_worker, "PIPE_BYTES", 4096)
+    full = []
+    drain = memory_worker._Worker.drain
+    monkeypatch.setattr(memory_worker._Worker, "drain", lambda self: full.append(not drain(self)) or not full[-1])
+    doc = _doc(4, 8, tp=8, pp=4, dp=1, sequence_parallel=True)
+    here = _everything(api.simulate(scenario_from_dict(doc), memory_workers=0))
+    assert _everything(api.simulate(scenario_from_dict(doc), memory_workers=2)) == here
+    assert any(full)
+
+
 _TINY = """
 name = "tiny"
 [model]
