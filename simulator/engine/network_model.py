@@ -63,7 +63,8 @@ def _streams_to_scan(program: Program) -> list[tuple[str, list]]:
         else:
             seen.add(id(blocking))
     parts.append((COMPUTE_STREAM, compute[scanned_to:]))
-    return [part for stream, _ in streams for part in (parts if stream == COMPUTE_STREAM else [(stream, _)])]
+    return [part for name, instructions in streams
+            for part in (parts if name == COMPUTE_STREAM else [(name, instructions)])]
 
 
 class Pending:

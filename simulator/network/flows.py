@@ -450,6 +450,8 @@ class FlowNetwork:
             if active is None:              # (ended, or nothing to send: delivered without rating)
                 continue
             res = active.res
+            if res[0] in taken:             # rated above already (started since, and left alone since)
+                continue
             if list(map(len, map(on_get, res))).count(1) != len(res):
                 continue
             rate = lone.get(active.shape)
