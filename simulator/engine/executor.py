@@ -119,9 +119,9 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     for state in states:
         for stream, instructions in state.program.streams.items():
             env.process(_stream_process(env, state, stream, instructions, options, finished, world))
-    instructions = sum(map(len, (stream for p in programs for stream in p.streams.values())))
-    count = memory_worker.workers_for(options.memory_workers, instructions, len(states))
-    worker = memory_worker.MemoryWorkers(states, count) if count else None
+    sizes = [sum(map(len, program.streams.values())) for program in programs]     # instructions per rank
+    count = memory_worker.workers_for(options.memory_workers, sum(sizes), len(states))
+    worker = memory_worker.MemoryWorkers(states, sizes, count) if count else None
     try:
         env.run()
         expected = sum(len(s.program.streams) for s in states)

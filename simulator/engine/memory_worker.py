@@ -155,10 +155,10 @@ class _Worker:
 class MemoryWorkers:
     """The workers making the ranks' memory calls, each rank's owned by one (balanced by instruction count)."""
 
-    def __init__(self, states: list[RankState], count: int):
+    def __init__(self, states: list[RankState], sizes: list[int], count: int):
+        """`count` workers for `states`, whose programs hold `sizes` instructions."""
         self.states = states
         self.sent: list[list[tuple[array, array]]] = [[] for _ in states]     # per rank, the chunks sent
-        sizes = [sum(map(len, state.program.streams.values())) for state in states]
         loads = [0] * count
         owned: list[list[int]] = [[] for _ in range(count)]
         for i in sorted(range(len(states)), key=lambda i: (-sizes[i], i)):

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from simulator.engine.rank_state import RankState
 
 
+def _no_pairs() -> np.ndarray:
+    """An empty (0, 2) interval array (numpy is imported where it is used: a large run's engine starts sooner)."""
+    import numpy as np
+    return np.empty((0, 2))
+
+
 @dataclass(frozen=True, eq=False)
 class RankCommunication:
     """One rank's communication, seconds: when its communication instructions were moving bytes (from the
@@ -26,8 +32,8 @@ class RankCommunication:
     an event a communication stream signalled, during which that stream was transferring, plus any
     communication instruction run on the compute stream itself."""
 
-    intervals: np.ndarray = field(default_factory=lambda: _no_pairs())     # (n, 2) (start, end), sorted
-    exposed_intervals: np.ndarray = field(default_factory=lambda: _no_pairs())
+    intervals: np.ndarray = field(default_factory=_no_pairs)     # (n, 2) (start, end), sorted
+    exposed_intervals: np.ndarray = field(default_factory=_no_pairs)
 
     @property
     def total_s(self) -> float:
@@ -78,12 +84,6 @@ class EngineDeadlock(DeadlockError):
     def __init__(self, message: str, blocked: tuple[BlockedInstruction, ...]):
         super().__init__(message)
         self.blocked = blocked
-
-
-def _no_pairs() -> np.ndarray:
-    """An empty (0, 2) interval array (numpy is imported where it is used: a large run's engine starts sooner)."""
-    import numpy as np
-    return np.empty((0, 2))
 
 
 def covered(pairs: np.ndarray, start_s: float, end_s: float) -> float:
