@@ -188,6 +188,7 @@ def simulate_multi(scenario: Scenario, *, timelines: bool = True, memory_workers
 def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | None) -> Result:
     """simulate_multi's work, with the garbage collector paused."""
     from simulator.parallel.lower_multi import lower_multi
+    from simulator.parallel.overlap import resolve_overlap
     from simulator.parallel.plan import make_plan
     from simulator.parallel.schedule_check import load_schedule
     from simulator.report.metrics import build_multi_report
@@ -205,8 +206,10 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     shape, profile = model_shape(scenario), kernel_profile(device)
     workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None
     full = scenario.run.full and plan.world_size > 1
+    overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0)
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
-                                      scenario.run.warmup_iterations, scenario.run.iterations, workload, full)
+                                      scenario.run.warmup_iterations, scenario.run.iterations, workload, full,
+                                      overlap)
     allocators = [make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
                                  max_split_size_bytes=scenario.allocator.max_split_size,
                                  roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,

@@ -16,7 +16,7 @@ CALIBRATION_FORMAT = "memsim-calibration-1"
 # DeviceSpec fields a calibration file may set (dict fields take a table of dtype -> value).
 CALIBRATABLE_FIELDS = ("launch_overhead_s", "hbm_efficiency", "hbm_bytes_per_s", "l2_bytes_per_s",
                        "attention_efficiency", "gemm_efficiency", "gemm_k_overhead", "gemm_unaligned_efficiency",
-                       "peak_flop_per_s")
+                       "peak_flop_per_s", "comm_kernel_sms")
 _DICT_FIELDS = ("gemm_efficiency", "peak_flop_per_s")
 
 
@@ -102,7 +102,7 @@ def read_calibration(path: str | Path) -> Calibration:
             if not isinstance(value, dict) or not value:
                 raise DataError(f"{name}: fields.{key} = {value!r} must be a table of dtype -> number")
             fields[key] = {dtype: float(_number(name, f"{key}.{dtype}", v)) for dtype, v in value.items()}
-        elif key == "gemm_k_overhead":
+        elif key in ("gemm_k_overhead", "comm_kernel_sms"):
             fields[key] = int(_number(name, key, value, integer=True))
         else:
             fields[key] = float(_number(name, key, value))

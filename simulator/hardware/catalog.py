@@ -65,6 +65,9 @@ class DeviceSpec:
     max_threads_per_sm: int = 0
     # torch's autograd engine runs CUDA backward on its own thread, whose cuBLAS handle gets one more workspace.
     backward_workspace_bytes: int = 0
+    # SMs a communication kernel (an NCCL collective, a userbuffers pipeline / bulk kernel) holds while a GEMM runs
+    # beside it: the GEMM gets the rest (parallel/tp_overlap.py). 0: communication takes no SMs (the host).
+    comm_kernel_sms: int = 0
     source: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -81,7 +84,7 @@ class DeviceSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise bad(key, value, "must be a positive integer")
         for key in ("context_bytes", "cublas_workspace_bytes", "pcie_gen", "pcie_lanes", "gemm_k_overhead",
-                    "max_threads_per_sm", "backward_workspace_bytes"):
+                    "max_threads_per_sm", "backward_workspace_bytes", "comm_kernel_sms"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise bad(key, value, "must be a non-negative integer")
@@ -97,6 +100,8 @@ class DeviceSpec:
             value = getattr(self, key)
             if not _is_number(value) or not 0 < value <= 1:
                 raise bad(key, value, "must be in (0, 1]")
+        if self.comm_kernel_sms >= self.sm_count:
+            raise bad("comm_kernel_sms", self.comm_kernel_sms, f"must be less than sm_count = {self.sm_count}")
         if "fp32" not in self.peak_flop_per_s:
             raise bad("peak_flop_per_s", self.peak_flop_per_s, "must contain 'fp32'")
         for dtype, rate in self.peak_flop_per_s.items():
@@ -200,6 +205,10 @@ UNALIGNED_HOPPER = (
     "time, at 0.255-0.271 of the tensor peak with 4- or 8-byte alignment (bf16, fp16, tf32) and 0.127-0.132 "
     "with 2-byte alignment, whatever the shape, where the 16-byte-aligned widths next to them ran at 0.7-0.8; "
     "assumed for the H100 (the same sm_90 cuBLAS kernels)")
+COMM_SMS = ("16 SMs: Transformer Engine's userbuffers pipeline and bulk overlap kernels default to num_sm = 16 "
+            "and launch the GEMM beside them on the other SMs (transformer_engine/pytorch/module/base.py initialize_ub, "
+            "get_default_config, TE 2.x); NCCL runs one CTA per channel and uses 16 channels for NVLS collectives by "
+            "default (NCCL_NVLS_NCHANNELS); assumption, calibratable, for the async NCCL collectives beside GEMMs")
 UNALIGNED_OTHERS = ("not modelled (0): NVIDIA's 'Matrix Multiplication Background' guide names the 16-byte rule "
                     "for every tensor-core GPU, but the H200 figure comes from Hopper's TMA kernels and was not "
                     "measured here; a calibration file can set it")
@@ -238,6 +247,7 @@ def _nvidia(**fields: object) -> DeviceSpec:
     ws, lt = (33_554_432 if hopper else 8_519_680), 1_048_576
     defaults: dict[str, object] = {
         "kind": "gpu", "launch_overhead_s": (5e-6, LAUNCH), "context_bytes": (512 * MIB, CONTEXT),
+        "comm_kernel_sms": (16, COMM_SMS),
         "max_threads_per_sm": (2048, THREADS_PER_SM.format(cc="8.0 and 9.0", n=2048)),
         "backward_workspace_bytes": (ws, f"{ws:,} B: the cuBLAS workspace of the autograd thread's own handle "
                                          "(no cuBLASLt one: backward GEMMs have no bias epilogue); measured on an "
@@ -423,6 +433,7 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                                       "other rules (Reduce.cuh USE_ROCM), and no MI300X measurement exists here"),
                backward_workspace_bytes=(0, "not modelled: the autograd thread's hipBLAS(Lt) workspace was not "
                                             "measured on ROCm"),
+               comm_kernel_sms=(16, f"assumed as for CUDA (RCCL's channels, no MI300X measurement): {COMM_SMS}"),
                cublas_workspace_bytes=(134_217_728 + 79_691_776, "torch CublasHandlePool.cpp (pytorch/pytorch@"
                                        "26a39059), ROCm: hipBLAS workspace 128 MiB on gfx94x + hipBLASLt 76 MiB"),
                tdp_w=(750, MI300X_DS), pcie_gen=(5, MI300X_DS), pcie_lanes=(16, MI300X_DS),
@@ -483,6 +494,7 @@ def _cpu() -> DeviceSpec:
         cublas_workspace_bytes=(0, "no cuBLAS on the host"),
         max_threads_per_sm=(0, "no CUDA reduction kernel on the host: its staging buffers do not apply"),
         backward_workspace_bytes=(0, "no cuBLAS handle on the autograd thread on the host"),
+        comm_kernel_sms=(0, "gloo collectives run on host threads, not on compute units the kernels share"),
         tdp_w=(0.0, "not modeled: a slice of a shared cloud VM has no meaningful TDP"),
         pcie_gen=(0, "the host is the PCIe root, not a device on it"), pcie_lanes=(0, "no PCIe link"),
         nvlink_bytes_per_s_per_direction=(0.0, "no GPU fabric"),

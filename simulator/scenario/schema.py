@@ -277,6 +277,13 @@ def roundup_power2_divisions(value: object) -> int | None:
     raise Invalid('must be "none" or a power of two from 1 to 16')
 
 
+def auto_or_bool(value: object) -> str | bool:
+    """Parser for "auto" (the framework's default, resolved by parallel/overlap.py) or true / false."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise Invalid('must be "auto", true or false')
+
+
 def context_bytes(value: object) -> int | None:
     """Parser for "auto" (None: the device's default) or a size."""
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -373,6 +380,11 @@ PARALLEL_KEYS: tuple[KeySpec, ...] = (
     _k("gradient_compression", gradient_compression, "none", 'none | 1bit | int8 | "topk:F" | "powersgd:R"', "compression of data-parallel gradient traffic"),
     _k("bucket_size", size_bytes, 25_000_000, "size", "gradient bucket size (DDP bucket_cap_mb)", '"25 MB" (25000000)'),
     _k("placement", text, "auto", "str", "how ranks map onto devices; auto = the parallel layer's default order"),
+    _k("tp_comm_overlap", auto_or_bool, "auto", '"auto" | bool', "tensor-parallel all_gather / reduce_scatter split into chunks pipelined with their GEMMs (Transformer Engine userbuffers, Megatron --tp-comm-overlap); needs sequence_parallel; auto = the framework's default (parallel/overlap.py)", '"auto" (all frameworks: false)'),
+    _k("tp_backward_overlap", auto_or_bool, "auto", '"auto" | bool', "a column-parallel layer's backward collectives run during its GEMMs (input all_gather with the dgrad GEMM, the dgrad reduce_scatter / all_reduce with the wgrad GEMM); auto = the framework's default", '"auto" (megatron: true; torch, deepspeed: false)'),
+    _k("overlap_grad_reduce", auto_or_bool, "auto", '"auto" | bool', "data-parallel gradient reductions run during the backward as buckets fill; false: Megatron reduces every bucket after the backward, DeepSpeed waits for each bucket where it fills; auto = the framework's default", '"auto" (torch: true; megatron: false; deepspeed: true with ZeRO-3, else false)'),
+    _k("overlap_param_gather", auto_or_bool, "auto", '"auto" | bool', "with ZeRO-1/2 (Megatron's distributed optimizer), the updated parameters' all_gather runs during the next forward instead of after the step; auto = the framework's default", '"auto" (all frameworks: false)'),
+    _k("overlap_p2p_comm", auto_or_bool, "auto", '"auto" | bool', "pipeline sends run while the stage computes; false: a stage waits for its sends to complete before its next action (Megatron's blocking send/recv, DeepSpeed); auto = the framework's default", '"auto" (torch: true; megatron: true with interleaved-1f1b, else false; deepspeed: false)'),
 )
 
 CLUSTER_KEYS: tuple[KeySpec, ...] = (
@@ -516,6 +528,11 @@ class ParallelConfig:
     gradient_compression: str = "none"
     bucket_size: int = 25_000_000
     placement: str = "auto"
+    tp_comm_overlap: str | bool = "auto"
+    tp_backward_overlap: str | bool = "auto"
+    overlap_grad_reduce: str | bool = "auto"
+    overlap_param_gather: str | bool = "auto"
+    overlap_p2p_comm: str | bool = "auto"
 
     @property
     def world_size(self) -> int:
