@@ -16,7 +16,8 @@ CALIBRATION_FORMAT = "memsim-calibration-1"
 # DeviceSpec fields a calibration file may set (dict fields take a table of dtype -> value).
 CALIBRATABLE_FIELDS = ("launch_overhead_s", "hbm_efficiency", "hbm_bytes_per_s", "l2_bytes_per_s",
                        "attention_efficiency", "gemm_efficiency", "gemm_k_overhead", "gemm_unaligned_efficiency",
-                       "peak_flop_per_s", "comm_kernel_sms")
+                       "peak_flop_per_s", "comm_kernel_sms", "host_forward_op_s", "host_backward_op_s",
+                       "host_checkpoint_s", "host_optimizer_tensor_s")
 _DICT_FIELDS = ("gemm_efficiency", "peak_flop_per_s")
 
 

@@ -68,6 +68,12 @@ class DeviceSpec:
     # SMs a communication kernel (an NCCL collective, a userbuffers pipeline / bulk kernel) holds while a GEMM runs
     # beside it: the GEMM gets the rest (parallel/tp_overlap.py). 0: communication takes no SMs (the host).
     comm_kernel_sms: int = 0
+    # The host thread that launches the kernels (parallel/host_issue.py): seconds of host time per forward op, per
+    # backward op, per checkpointed region and per tensor an optimizer op walks. 0: the host is the device (cpu).
+    host_forward_op_s: float = 0.0
+    host_backward_op_s: float = 0.0
+    host_checkpoint_s: float = 0.0       # per checkpointed region (charged when its recompute starts)
+    host_optimizer_tensor_s: float = 0.0
     source: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -91,7 +97,8 @@ class DeviceSpec:
         for key in ("hbm_bytes_per_s", "l2_bytes_per_s"):
             if not _is_number(getattr(self, key)) or getattr(self, key) <= 0:
                 raise bad(key, getattr(self, key), "must be a positive number")
-        for key in ("launch_overhead_s", "tdp_w", "nvlink_bytes_per_s_per_direction"):
+        for key in ("launch_overhead_s", "tdp_w", "nvlink_bytes_per_s_per_direction", "host_forward_op_s",
+                    "host_backward_op_s", "host_checkpoint_s", "host_optimizer_tensor_s"):
             if not _is_number(getattr(self, key)) or getattr(self, key) < 0:
                 raise bad(key, getattr(self, key), "must be a non-negative number")
         if not _is_number(self.gemm_unaligned_efficiency) or not 0 <= self.gemm_unaligned_efficiency <= 1:
@@ -209,6 +216,24 @@ COMM_SMS = ("16 SMs: Transformer Engine's userbuffers pipeline and bulk overlap 
             "and launch the GEMM beside them on the other SMs (transformer_engine/pytorch/module/base.py initialize_ub, "
             "get_default_config, TE 2.x); NCCL runs one CTA per channel and uses 16 channels for NVLS collectives by "
             "default (NCCL_NVLS_NCHANNELS); assumption, calibratable, for the async NCCL collectives beside GEMMs")
+# benchmarks/host_issue_params.py on validation/data/cuda (tests/test_host_issue.py checks these against it).
+HOST_ISSUE = MappingProxyType({"host_forward_op_s": 3.983194043398322e-05, "host_backward_op_s": 4.282698798076848e-05,
+                               "host_checkpoint_s": 0.001926009729854365,
+                               "host_optimizer_tensor_s": 1.1171897290239924e-05})
+HOST_SOURCE = ("derived from the committed H200 captures (validation/data/cuda/timing; host Intel Xeon, torch 2.11 "
+               "eager, 2026-11-30) by benchmarks/host_issue_params.py: {what}; calibratable; another host CPU or torch "
+               "build differs")
+_HOST_FIT = ("least-squares fit over the 6 host-bound configurations (GPU busy under 85% of the step) of forward CPU "
+             "+ backward wall time = forward ops, backward ops and checkpointed regions times three costs")
+HOST_FIELDS = {
+    "host_forward_op_s": (HOST_ISSUE["host_forward_op_s"], HOST_SOURCE.format(what=f"{_HOST_FIT}, per forward op")),
+    "host_backward_op_s": (HOST_ISSUE["host_backward_op_s"],
+                           HOST_SOURCE.format(what=f"{_HOST_FIT}, per backward or recompute op")),
+    "host_checkpoint_s": (HOST_ISSUE["host_checkpoint_s"],
+                          HOST_SOURCE.format(what=f"{_HOST_FIT}, per checkpointed region (torch.utils.checkpoint)")),
+    "host_optimizer_tensor_s": (HOST_ISSUE["host_optimizer_tensor_s"], HOST_SOURCE.format(
+        what="median over the 8 configurations of optimizer CPU time per tensor an optimizer op walks (8.0-35.0 us)")),
+}
 UNALIGNED_OTHERS = ("not modelled (0): NVIDIA's 'Matrix Multiplication Background' guide names the 16-byte rule "
                     "for every tensor-core GPU, but the H200 figure comes from Hopper's TMA kernels and was not "
                     "measured here; a calibration file can set it")
@@ -247,7 +272,7 @@ def _nvidia(**fields: object) -> DeviceSpec:
     ws, lt = (33_554_432 if hopper else 8_519_680), 1_048_576
     defaults: dict[str, object] = {
         "kind": "gpu", "launch_overhead_s": (5e-6, LAUNCH), "context_bytes": (512 * MIB, CONTEXT),
-        "comm_kernel_sms": (16, COMM_SMS),
+        "comm_kernel_sms": (16, COMM_SMS), **HOST_FIELDS,
         "max_threads_per_sm": (2048, THREADS_PER_SM.format(cc="8.0 and 9.0", n=2048)),
         "backward_workspace_bytes": (ws, f"{ws:,} B: the cuBLAS workspace of the autograd thread's own handle "
                                          "(no cuBLASLt one: backward GEMMs have no bias epilogue); measured on an "
@@ -290,6 +315,29 @@ def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, 
         sm_count=sms, peak_flop_per_s=peaks, tdp_w=tdp, pcie_gen=(5, H100_DS), pcie_lanes=(16, H100_DS),
         nvlink_bytes_per_s_per_direction=nvlink, gemm_efficiency=eff, hbm_efficiency=hbm_eff,
         attention_efficiency=attn, gemm_unaligned_efficiency=(0.262, UNALIGNED_HOPPER))
+
+
+# benchmarks/hopper_kernel_params.py on the committed H200 captures (tests/test_host_issue.py checks it): cuDNN
+# fused attention (torch 2.11's SDPA on sm_90) and the memory-bound kernels moving >= 100 MB per call, kernel by kernel.
+HOPPER_KERNELS = MappingProxyType({"attention_efficiency": 0.3024641225655175,
+                                   "streaming_bytes_per_s": 3108831554333.6865})
+_HOPPER_RUN = ("measured on one H200 (torch 2.11 + CUDA 13.0, 2026-11-30): benchmarks/hopper_kernel_params.py over the "
+               "kernel profiles of validation/data/cuda*/timing (13 captures)")
+_STREAM_RATIO = HOPPER_KERNELS["streaming_bytes_per_s"] / 4.15e12      # torch's kernels / STREAM triad on the H200
+HOPPER_ATTENTION = (HOPPER_KERNELS["attention_efficiency"],
+                    f"{_HOPPER_RUN}: FLOP over time of every cuDNN fused-attention call, forward and backward (head dim "
+                    "64 and 128, sequence 1024-4096) / 989.4 TFLOP/s; FlashAttention-2 reaches 0.331 (Azure ND_H100_v5, "
+                    "327.9 TFLOP/s), FlashAttention-3 ~0.75 (its paper): not torch's default backends")
+
+
+def _hopper_hbm(stream_tb_s: float, peak_tb_s: float, where: str) -> tuple[float, str]:
+    """A Hopper GPU's hbm_efficiency: its STREAM triad rate times the measured H200 ratio of torch's streaming kernels
+    to STREAM triad, over its datasheet bandwidth."""
+    value = _STREAM_RATIO * stream_tb_s / peak_tb_s
+    return value, (f"{_HOPPER_RUN}: memory-bound kernels of >= 100 MB per call moved "
+                   f"{HOPPER_KERNELS['streaming_bytes_per_s'] / 1e12:.2f} TB/s = {_STREAM_RATIO:.3f} of the H200's "
+                   f"STREAM triad (4.15 TB/s, Azure ND_H200_v5); applied to {where} STREAM triad {stream_tb_s} TB/s "
+                   f"/ {peak_tb_s} TB/s")
 
 
 _H100_SXM_PEAKS = MappingProxyType({"fp32": (66.9e12, H100_DS), "tf32": (494.7e12, H100_DS),
@@ -339,9 +387,9 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 (50 * MIB, f"{H100_DS}; deviceQuery 'L2 Cache Size: 52428800 bytes' (thamada/nvidia-smi)"), 1980,
                 (132, H100_DS), _H100_SXM_PEAKS, (700, H100_DS),
                 (450e9, f"NVLink4 900 GB/s total = 450 GB/s per direction; {H100_DS}"), _H100_EFF,
-                (0.887, f"{AZURE} ND_H100_v5: STREAM triad 2.97 TB/s / 3.35 TB/s"),
-                (0.331, f"{AZURE} ND_H100_v5: FlashAttention-2 327.9 TFLOP/s (head dim 128, seq 8192) / 989.4; "
-                        "FlashAttention-3 reaches ~75% (paper), not torch's default SDPA kernel")),
+                _hopper_hbm(2.97, 3.35, f"the H100 SXM's ({AZURE} ND_H100_v5)"),
+                (HOPPER_ATTENTION[0], f"assumed equal to the H200 (the same sm_90 kernels and clocks): "
+                                      f"{HOPPER_ATTENTION[1]}")),
         _hopper("h100-pcie", "NVIDIA H100 80GB PCIe",
                 (81008 * MIB, "torch get_device_properties 'NVIDIA H100 PCIe ... total_memory=81008MB, "
                               "multi_processor_count=114' quoted in a public repository"),
@@ -350,8 +398,8 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 {"fp32": (51e12, H100_DS), "tf32": (378e12, H100_DS), "bf16": (756e12, H100_DS),
                  "fp16": (756e12, H100_DS), "fp8": (1513e12, H100_DS)},
                 (350, H100_DS), (0.0, "PCIe card: NVLink only through an optional bridge, not modeled"),
-                h100_pcie_eff, (0.887, "assumed equal to h100-sxm (Azure STREAM triad 2.97/3.35)"),
-                (0.331, "assumed equal to h100-sxm (Azure FlashAttention-2 327.9/989.4)")),
+                h100_pcie_eff, _hopper_hbm(2.97, 3.35, "(assumed equal to h100-sxm) the H100 SXM's"),
+                (HOPPER_ATTENTION[0], f"assumed equal to the H200: {HOPPER_ATTENTION[1]}")),
         _hopper("h200-sxm", "NVIDIA H200 141GB SXM",
                 (143156 * MIB, "torch get_device_properties 'NVIDIA H200 ... total_memory=143156MB, "
                                "multi_processor_count=132, L2_cache_size=60MB' (ai-bot-pro/achatbot "
@@ -367,8 +415,8 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                  "bf16": (0.799, f"{ZZC}: H200 bf16 790.29 TFLOP/s / 989.4"),
                  "fp16": (0.768, f"{ZZC}: H200 fp16 759.40 TFLOP/s / 989.4"),
                  "fp8": (0.657, f"{AZURE} ND_H200_v5: cuBLASLt FP8 8192^3 1300.6 TFLOP/s / 1978.9")},
-                (0.865, f"{AZURE} ND_H200_v5: STREAM triad 4.15 TB/s / 4.8 TB/s"),
-                (0.333, f"{AZURE} ND_H200_v5: FlashAttention-2 329.3 TFLOP/s (head dim 128, seq 8192) / 989.4")),
+                _hopper_hbm(4.15, 4.8, f"the H200's own ({AZURE} ND_H200_v5)"),
+                HOPPER_ATTENTION),
         _nvidia(hopper=False, name="rtx-3090", display_name="NVIDIA GeForce RTX 3090",
                 memory_bytes=(25_286_672_384, "cudaDeviceProp totalGlobalMem 25286672384 bytes "
                                               "(Jumperkables/cuda-benchmarking 00_deviceQuery/README.md); HF "
@@ -434,6 +482,8 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                backward_workspace_bytes=(0, "not modelled: the autograd thread's hipBLAS(Lt) workspace was not "
                                             "measured on ROCm"),
                comm_kernel_sms=(16, f"assumed as for CUDA (RCCL's channels, no MI300X measurement): {COMM_SMS}"),
+               **{key: (value, f"assumed as for CUDA (no ROCm host measurement): {text}")
+                  for key, (value, text) in HOST_FIELDS.items()},
                cublas_workspace_bytes=(134_217_728 + 79_691_776, "torch CublasHandlePool.cpp (pytorch/pytorch@"
                                        "26a39059), ROCm: hipBLAS workspace 128 MiB on gfx94x + hipBLASLt 76 MiB"),
                tdp_w=(750, MI300X_DS), pcie_gen=(5, MI300X_DS), pcie_lanes=(16, MI300X_DS),
@@ -495,6 +545,7 @@ def _cpu() -> DeviceSpec:
         max_threads_per_sm=(0, "no CUDA reduction kernel on the host: its staging buffers do not apply"),
         backward_workspace_bytes=(0, "no cuBLAS handle on the autograd thread on the host"),
         comm_kernel_sms=(0, "gloo collectives run on host threads, not on compute units the kernels share"),
+        **{key: (0.0, "0: the host is the device; its dispatch cost is launch_overhead_s") for key in HOST_ISSUE},
         tdp_w=(0.0, "not modeled: a slice of a shared cloud VM has no meaningful TDP"),
         pcie_gen=(0, "the host is the PCIe root, not a device on it"), pcie_lanes=(0, "no PCIe link"),
         nvlink_bytes_per_s_per_direction=(0.0, "no GPU fabric"),

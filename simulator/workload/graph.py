@@ -97,3 +97,4 @@ class Op:
     collective: str = ""           # op_class COLLECTIVE: one of COLLECTIVES
     group: str = ""                # op_class COLLECTIVE: the process group, one of GROUPS
     comm_bytes: int = 0            # op_class COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size)
+    tensors: int = 1               # tensors one call walks (a multi-tensor optimizer kernel: all of them): host work
