@@ -12,7 +12,9 @@ from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
+from simulator.parallel.host_issue import run_device
 from simulator.parallel.lower import lower_single_rank
+from simulator.report.error_bars import iteration_interval
 from simulator.report.metrics import build_report
 from simulator.scenario import Scenario
 from simulator.topology import resolve_cluster
@@ -135,7 +137,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
         return simulate_multi(scenario, timelines=timelines, memory_workers=memory_workers)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
-    device = cluster.device
+    device = run_device(scenario, cluster.device)
     recipe = recipe_for(scenario, device)
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
@@ -148,6 +150,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     trace = simulate_programs([program], [allocator], [cluster.allocator_capacity_bytes],
                               _engine_options(timelines, memory_workers))
     report = build_report(scenario, cluster, workload, recipe, trace)
+    report.update(iteration_interval(report, scenario, cluster, trace))
     return Result(report, trace, scenario)
 
 
@@ -194,7 +197,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     from simulator.report.metrics import build_multi_report
 
     cluster = resolve_cluster(scenario)
-    device = cluster.device
+    device = run_device(scenario, cluster.device)
     p = scenario.parallel
     if cluster.topology is None and p.dp * p.tp * p.pp > 1:
         _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key
@@ -223,8 +226,10 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
                 if plan.coords(program.rank).dp == 0 and plan.coords(program.rank).tp == 0]
         shown = dataclasses.replace(trace, ranks=[trace.ranks[k] for k in keep])
         report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown)
+        report.update(iteration_interval(report, scenario, cluster, shown))
     else:
         report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
+        report.update(iteration_interval(report, scenario, cluster, trace))
     lifetime.keep(programs, workloads)
     return Result(report, trace, scenario, plan)
 

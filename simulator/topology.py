@@ -40,6 +40,10 @@ class Calibration:
     torch_version: str
     fields: Mapping[str, object]
     links: tuple[LinkFit, ...] = ()
+    fitted: Mapping[str, float] = field(default_factory=dict)     # [fitted]: the fit's own rates
+    ci95: Mapping[str, tuple[float, float]] = field(default_factory=dict)   # [ci95]: their bootstrap intervals
+    bootstrap: int = 0
+    data_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,18 @@ def read_calibration(path: str | Path) -> Calibration:
             except (KeyError, TypeError, ValueError):
                 raise DataError(f"{name}: links.{collective}.{world} must have numbers latency_s and "
                                 f"bytes_per_s") from None
-    return Calibration(name, device, str(data.get("torch_version", "")), fields, tuple(links))
+    fitted, ci95 = {}, {}
+    for key, value in (data.get("fitted") or {}).items():
+        interval = (data.get("ci95") or {}).get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                isinstance(interval, list) and len(interval) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in interval)):
+            continue            # only the rates with a numeric interval feed the iteration-time interval
+        fitted[key], ci95[key] = float(value), (float(interval[0]), float(interval[1]))
+    bootstrap = data.get("bootstrap", 0)
+    return Calibration(name, device, str(data.get("torch_version", "")), fields, tuple(links), fitted, ci95,
+                       bootstrap if isinstance(bootstrap, int) and not isinstance(bootstrap, bool) else 0,
+                       str(data.get("data_dir", "")))
 
 
 def apply_calibration(device: DeviceSpec, calibration: Calibration) -> DeviceSpec:

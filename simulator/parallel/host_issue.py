@@ -19,6 +19,9 @@ work: the clock is off (api.py gives the device zero host costs).
 
 from __future__ import annotations
 
+import dataclasses
+
+from simulator.errors import ScenarioError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.program import Run
 from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, OPTIMIZER_STEP, RECOMPUTE, Op
@@ -73,4 +76,30 @@ def host_issued(runs: list[Run], device: DeviceSpec) -> list[Run]:
     return out
 
 
-__all__ = ["host_active", "host_cost_s", "host_issued"]
+def run_device(scenario, device: DeviceSpec) -> DeviceSpec:
+    """The device as the run's kernels see it: with `training.cuda_graphs`, launching costs the host nothing.
+
+    Raises:
+        ScenarioError: CUDA graphs where the run cannot capture its step (one line naming the key and the rule).
+    """
+    t, p = scenario.training, scenario.parallel
+    if not t.cuda_graphs:
+        return device
+    rule = None
+    if device.kind != "gpu":
+        rule = f"needs a GPU (the device is {device.name!r})"
+    elif t.framework == "deepspeed":
+        rule = "framework 'deepspeed' does not capture its training step as CUDA graphs (allowed: false)"
+    elif p.zero_stage == 3 and p.dp > 1:
+        rule = ("ZeRO-3 / FSDP gathers parameters from host-side module hooks whose order depends on the step: not "
+                "capturable (allowed with parallel.zero_stage 0-2)")
+    elif t.precision == "fp16-mixed" and t.loss_scale == "dynamic":
+        rule = ("the dynamic loss scaler decides on the host, every step, whether to skip it (a data-dependent "
+                "branch a graph cannot hold): set training.loss_scale to a number")
+    if rule is not None:
+        raise ScenarioError(f"{scenario.source}: training.cuda_graphs = true: {rule}")
+    return dataclasses.replace(device, host_forward_op_s=0.0, host_backward_op_s=0.0, host_checkpoint_s=0.0,
+                               host_optimizer_tensor_s=0.0)
+
+
+__all__ = ["host_active", "host_cost_s", "host_issued", "run_device"]

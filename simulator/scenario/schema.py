@@ -363,6 +363,7 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("recompute", recompute_mode, "none", 'none | selective | full | "segments:N"', "activation checkpointing (segments:N = checkpoint_sequential)"),
     _k("activation_compression", choice(ACTIVATION_COMPRESSIONS), "none", " | ".join(ACTIVATION_COMPRESSIONS), "compression of saved activations"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "loss scaling (meaningful for fp16-mixed only)"),
+    _k("cuda_graphs", boolean, False, "bool", "the training step is captured as CUDA graphs and replayed: no per-kernel host launch cost (parallel/host_issue.py); needs a GPU, no ZeRO-3, a static loss scale with fp16-mixed, not deepspeed"),
     _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
 )
 
@@ -497,6 +498,7 @@ class TrainingConfig:
     activation_compression: str = "none"
     loss_scale: str | float = "dynamic"
     vocab_divisible_by: int = 1
+    cuda_graphs: bool = False
     data_parallel_size: int = 1
 
     @property
