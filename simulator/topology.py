@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from collections.abc import Mapping
@@ -151,6 +152,10 @@ def apply_calibration(device: DeviceSpec, calibration: Calibration) -> DeviceSpe
             source.update({f"{key}.{sub}": note for sub in value})
         else:
             source[key] = note
+    if "hbm_efficiency" in calibration.fields:
+        # The fit measured one rate for every memory-bound op: it replaces the catalog's rates by op class.
+        device = dataclasses.replace(device, hbm_efficiency_by_class={}, source={
+            k: v for k, v in device.source.items() if not k.startswith("hbm_efficiency_by_class.")})
     try:
         return with_overrides(device, **dict(calibration.fields), source=source)
     except TopologyError as error:

@@ -15,6 +15,7 @@ KINDS = ("gpu", "cpu")
 FLOP_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 DROPOUT_MASK_DTYPES = ("bool", "input")
 ALLOCATORS = ("caching", "exact")
+MEMORY_OP_CLASSES = ("elementwise", "norm", "softmax", "embedding", "copy", "optimizer")   # workload/graph.py's
 # PCIe payload rate per lane and direction (GT/s x 128b/130b / 8 bits), PCI-SIG base specifications 3.0-5.0;
 # x16: Gen4 31.5 GB/s, Gen5 63.0 GB/s as in shared/reference/hardware.md.
 PCIE_BYTES_PER_S_PER_LANE = MappingProxyType({3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9})
@@ -68,6 +69,8 @@ class DeviceSpec:
     # SMs a communication kernel (an NCCL collective, a userbuffers pipeline / bulk kernel) holds while a GEMM runs
     # beside it: the GEMM gets the rest (parallel/tp_overlap.py). 0: communication takes no SMs (the host).
     comm_kernel_sms: int = 0
+    # Measured fraction of hbm_bytes_per_s by op class (hardware/cost.py); a class not listed uses hbm_efficiency.
+    hbm_efficiency_by_class: dict[str, float] = field(default_factory=dict)
     # The host thread that launches the kernels (parallel/host_issue.py): seconds of host time per forward op, per
     # backward op, per checkpointed region and per tensor an optimizer op walks. 0: the host is the device (cpu).
     host_forward_op_s: float = 0.0
@@ -107,6 +110,12 @@ class DeviceSpec:
             value = getattr(self, key)
             if not _is_number(value) or not 0 < value <= 1:
                 raise bad(key, value, "must be in (0, 1]")
+        for key, value in self.hbm_efficiency_by_class.items():
+            if key not in MEMORY_OP_CLASSES:
+                raise bad(f"hbm_efficiency_by_class.{key}", value, f"names no memory-bound op class (allowed: "
+                                                                   f"{', '.join(MEMORY_OP_CLASSES)})")
+            if not _is_number(value) or not 0 < value <= 1:
+                raise bad(f"hbm_efficiency_by_class.{key}", value, "must be in (0, 1]")
         if self.comm_kernel_sms >= self.sm_count:
             raise bad("comm_kernel_sms", self.comm_kernel_sms, f"must be less than sm_count = {self.sm_count}")
         if "fp32" not in self.peak_flop_per_s:
@@ -307,37 +316,48 @@ def _a100(name: str, display: str, memory: tuple[int, str], hbm: float, tdp: flo
 def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, str], l2: tuple[int, str],
             clock_mhz: float, sms: tuple[int, str], peaks: dict[str, tuple[float, str]], tdp: tuple[float, str],
             nvlink: tuple[float, str], eff: dict[str, tuple[float, str]], hbm_eff: tuple[float, str],
-            attn: tuple[float, str]) -> DeviceSpec:
+            attn: tuple[float, str], hbm_by_class: dict[str, tuple[float, str]]) -> DeviceSpec:
     return _nvidia(
         hopper=True, name=name, display_name=display, memory_bytes=memory, hbm_bytes_per_s=hbm, l2_bytes=l2,
         l2_bytes_per_s=(5120 * clock_mhz * 1e6, f"{L2_5120} x {clock_mhz:g} MHz boost (assumes Hopper keeps A100's "
                                                   "per-clock L2 width)"),
         sm_count=sms, peak_flop_per_s=peaks, tdp_w=tdp, pcie_gen=(5, H100_DS), pcie_lanes=(16, H100_DS),
         nvlink_bytes_per_s_per_direction=nvlink, gemm_efficiency=eff, hbm_efficiency=hbm_eff,
-        attention_efficiency=attn, gemm_unaligned_efficiency=(0.262, UNALIGNED_HOPPER))
+        attention_efficiency=attn, gemm_unaligned_efficiency=(0.262, UNALIGNED_HOPPER),
+        hbm_efficiency_by_class=hbm_by_class)
 
 
 # benchmarks/hopper_kernel_params.py on the committed H200 captures (tests/test_host_issue.py checks it): cuDNN
 # fused attention (torch 2.11's SDPA on sm_90) and the memory-bound kernels moving >= 100 MB per call, kernel by kernel.
-HOPPER_KERNELS = MappingProxyType({"attention_efficiency": 0.3024641225655175,
-                                   "streaming_bytes_per_s": 3108831554333.6865})
+HOPPER_KERNELS = MappingProxyType({
+    "attention_efficiency": 0.3024641225655175,
+    "streaming_bytes_per_s.copy": 2803885686728.1914, "streaming_bytes_per_s.elementwise": 4137321244767.5493,
+    "streaming_bytes_per_s.norm": 1698643180387.9033, "streaming_bytes_per_s.softmax": 3001788321025.814,
+    "streaming_bytes_per_s.optimizer": 3688669296936.8354})
 _HOPPER_RUN = ("measured on one H200 (torch 2.11 + CUDA 13.0, 2026-11-30): benchmarks/hopper_kernel_params.py over the "
                "kernel profiles of validation/data/cuda*/timing (13 captures)")
-_STREAM_RATIO = HOPPER_KERNELS["streaming_bytes_per_s"] / 4.15e12      # torch's kernels / STREAM triad on the H200
 HOPPER_ATTENTION = (HOPPER_KERNELS["attention_efficiency"],
                     f"{_HOPPER_RUN}: FLOP over time of every cuDNN fused-attention call, forward and backward (head dim "
                     "64 and 128, sequence 1024-4096) / 989.4 TFLOP/s; FlashAttention-2 reaches 0.331 (Azure ND_H100_v5, "
                     "327.9 TFLOP/s), FlashAttention-3 ~0.75 (its paper): not torch's default backends")
+_H200_STREAM = 4.15e12       # Azure ND_H200_v5 STREAM triad, the reference of the ratios below
 
 
-def _hopper_hbm(stream_tb_s: float, peak_tb_s: float, where: str) -> tuple[float, str]:
-    """A Hopper GPU's hbm_efficiency: its STREAM triad rate times the measured H200 ratio of torch's streaming kernels
-    to STREAM triad, over its datasheet bandwidth."""
-    value = _STREAM_RATIO * stream_tb_s / peak_tb_s
-    return value, (f"{_HOPPER_RUN}: memory-bound kernels of >= 100 MB per call moved "
-                   f"{HOPPER_KERNELS['streaming_bytes_per_s'] / 1e12:.2f} TB/s = {_STREAM_RATIO:.3f} of the H200's "
-                   f"STREAM triad (4.15 TB/s, Azure ND_H200_v5); applied to {where} STREAM triad {stream_tb_s} TB/s "
-                   f"/ {peak_tb_s} TB/s")
+def _hopper_hbm_by_class(stream_tb_s: float, peak_tb_s: float, where: str) -> dict[str, tuple[float, str]]:
+    """A Hopper GPU's measured hbm_efficiency per op class: the H200's measured rate of that class's kernels over the
+    H200's STREAM triad, times this GPU's STREAM triad, over its datasheet bandwidth."""
+    classes = {}
+    for key, rate in HOPPER_KERNELS.items():
+        if not key.startswith("streaming_bytes_per_s."):
+            continue
+        kind = key.split(".", 1)[1]
+        what = ("the AdamW step microbenchmark (validation/data/cuda-large/optimizer_step.json, single-tensor, foreach "
+                "and fused)" if kind == "optimizer" else f"{kind} kernels moving >= 100 MB per call")
+        ratio = rate / _H200_STREAM
+        classes[kind] = (ratio * stream_tb_s / peak_tb_s,
+                         f"{_HOPPER_RUN}: {what} at {rate / 1e12:.2f} TB/s = {ratio:.3f} of the H200's STREAM triad "
+                         f"(4.15 TB/s, {AZURE}); applied to {where} STREAM triad {stream_tb_s} TB/s / {peak_tb_s} TB/s")
+    return classes
 
 
 _H100_SXM_PEAKS = MappingProxyType({"fp32": (66.9e12, H100_DS), "tf32": (494.7e12, H100_DS),
@@ -387,9 +407,10 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 (50 * MIB, f"{H100_DS}; deviceQuery 'L2 Cache Size: 52428800 bytes' (thamada/nvidia-smi)"), 1980,
                 (132, H100_DS), _H100_SXM_PEAKS, (700, H100_DS),
                 (450e9, f"NVLink4 900 GB/s total = 450 GB/s per direction; {H100_DS}"), _H100_EFF,
-                _hopper_hbm(2.97, 3.35, f"the H100 SXM's ({AZURE} ND_H100_v5)"),
+                (0.887, f"{AZURE} ND_H100_v5: STREAM triad 2.97 TB/s / 3.35 TB/s"),
                 (HOPPER_ATTENTION[0], f"assumed equal to the H200 (the same sm_90 kernels and clocks): "
-                                      f"{HOPPER_ATTENTION[1]}")),
+                                      f"{HOPPER_ATTENTION[1]}"),
+                _hopper_hbm_by_class(2.97, 3.35, f"the H100 SXM's ({AZURE} ND_H100_v5)")),
         _hopper("h100-pcie", "NVIDIA H100 80GB PCIe",
                 (81008 * MIB, "torch get_device_properties 'NVIDIA H100 PCIe ... total_memory=81008MB, "
                               "multi_processor_count=114' quoted in a public repository"),
@@ -398,8 +419,9 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 {"fp32": (51e12, H100_DS), "tf32": (378e12, H100_DS), "bf16": (756e12, H100_DS),
                  "fp16": (756e12, H100_DS), "fp8": (1513e12, H100_DS)},
                 (350, H100_DS), (0.0, "PCIe card: NVLink only through an optional bridge, not modeled"),
-                h100_pcie_eff, _hopper_hbm(2.97, 3.35, "(assumed equal to h100-sxm) the H100 SXM's"),
-                (HOPPER_ATTENTION[0], f"assumed equal to the H200: {HOPPER_ATTENTION[1]}")),
+                h100_pcie_eff, (0.887, "assumed equal to h100-sxm (Azure STREAM triad 2.97/3.35)"),
+                (HOPPER_ATTENTION[0], f"assumed equal to the H200: {HOPPER_ATTENTION[1]}"),
+                _hopper_hbm_by_class(2.97, 3.35, "(assumed equal to h100-sxm) the H100 SXM's")),
         _hopper("h200-sxm", "NVIDIA H200 141GB SXM",
                 (143156 * MIB, "torch get_device_properties 'NVIDIA H200 ... total_memory=143156MB, "
                                "multi_processor_count=132, L2_cache_size=60MB' (ai-bot-pro/achatbot "
@@ -415,8 +437,8 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                  "bf16": (0.799, f"{ZZC}: H200 bf16 790.29 TFLOP/s / 989.4"),
                  "fp16": (0.768, f"{ZZC}: H200 fp16 759.40 TFLOP/s / 989.4"),
                  "fp8": (0.657, f"{AZURE} ND_H200_v5: cuBLASLt FP8 8192^3 1300.6 TFLOP/s / 1978.9")},
-                _hopper_hbm(4.15, 4.8, f"the H200's own ({AZURE} ND_H200_v5)"),
-                HOPPER_ATTENTION),
+                (0.865, f"{AZURE} ND_H200_v5: STREAM triad 4.15 TB/s / 4.8 TB/s"),
+                HOPPER_ATTENTION, _hopper_hbm_by_class(4.15, 4.8, "the H200's own")),
         _nvidia(hopper=False, name="rtx-3090", display_name="NVIDIA GeForce RTX 3090",
                 memory_bytes=(25_286_672_384, "cudaDeviceProp totalGlobalMem 25286672384 bytes "
                                               "(Jumperkables/cuda-benchmarking 00_deviceQuery/README.md); HF "
@@ -571,7 +593,8 @@ ALIASES = MappingProxyType({"a100": "a100-80gb-sxm", "h100": "h100-sxm", "h200":
 def _copy(spec: DeviceSpec) -> DeviceSpec:
     """A copy with its own dicts, so a caller mutating one cannot change the catalog."""
     return dataclasses.replace(spec, peak_flop_per_s=dict(spec.peak_flop_per_s),
-                               gemm_efficiency=dict(spec.gemm_efficiency), source=dict(spec.source))
+                               gemm_efficiency=dict(spec.gemm_efficiency), source=dict(spec.source),
+                               hbm_efficiency_by_class=dict(spec.hbm_efficiency_by_class))
 
 
 def list_devices() -> list[DeviceSpec]:

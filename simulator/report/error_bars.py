@@ -5,7 +5,7 @@
   and each part is rescaled to the ends of the calibration's bootstrap 95% intervals ([ci95] of the file), all
   slow together for the upper end and all fast for the lower (a conservative combination: the parameters'
   draws are not independent). Exposed communication and idle time are held as simulated.
-* Without: the measured/predicted ratios of the public validation set (validation/published/summary.json, written
+* Without, on a GPU: the measured/predicted ratios of the public validation set (validation/published/summary.json, written
   by `memsim validate published --out`): the measured time of a run memsim predicts at T lay between T / (1 + the
   largest error) and T / (1 + the most negative one).
 """
@@ -107,11 +107,12 @@ def iteration_interval(report: dict, scenario, cluster, trace) -> dict:
         measured = bounds[warmup:] or bounds
         band = calibration_band(report, scenario, calibration, cluster.device, trace,
                                 (measured[0][0], measured[-1][1]), len(measured))
-    if band is None:
+    if band is None and cluster.device.kind == "gpu":
         band = validation_band(report["iteration_time_s"])
     if band is None:
-        return {"iteration_time_interval_s": None,
-                "iteration_time_interval": {"kind": "none", "source": "no calibration and no validation summary"}}
+        why = ("no calibration, and the validation set holds GPU runs only" if cluster.device.kind != "gpu"
+               else "no calibration and no validation summary")
+        return {"iteration_time_interval_s": None, "iteration_time_interval": {"kind": "none", "source": why}}
     return {"iteration_time_interval_s": band["interval_s"],
             "iteration_time_interval": {"kind": band["kind"], "source": band["source"]}}
 
