@@ -1,0 +1,1 @@
+"""Exploration: sweeps over scenario keys, cost and energy, plan search, comparison, pictures, executors."""
