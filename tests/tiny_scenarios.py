@@ -33,3 +33,30 @@ topology = "pcie-4x4090"
 warmup_iterations = {warmup_iterations}
 iterations = 1
 """
+
+
+def tiny_gpt_on_one_4090(name: str, sweep: str = "") -> str:
+    """Scenario TOML: a two-layer GPT (hidden 64, 4 heads, vocab 512, seq 32) on one RTX 4090, global batch 4, no
+    warm-up; `sweep` is appended (e.g. a [sweep.grid] table). A point simulates in about 0.1 s."""
+    return f"""\
+name = "{name}"
+
+[model]
+architecture = "gpt"
+num_layers = 2
+hidden_size = 64
+num_attention_heads = 4
+vocab_size = 512
+seq_length = 32
+dropout = 0.0
+
+[training]
+micro_batch_size = 1
+global_batch_size = 4
+
+[cluster]
+topology = "rtx-4090"
+
+[run]
+warmup_iterations = 0
+{sweep}"""

@@ -187,7 +187,7 @@ def _open_output(out: Path, header: dict, labels: dict[int, str], resume: bool) 
         return {}
     if existing is None:
         raise DataError(f"{out}: no sweep to resume here (no sweep.json); start one with --out {out}")
-    for key in ("mode", "points", "axes", "sets", "fingerprint"):
+    for key in ("mode", "axes", "sets", "points", "fingerprint"):
         if existing.get(key) != header[key]:
             what = "the scenario's tables" if key == "fingerprint" else key
             raise DataError(f"{out}: the sweep there differs from this one in {what}; "
