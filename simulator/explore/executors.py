@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from simulator.errors import ExecutorError
 
 MAX_POOL_RESTARTS = 3          # local pool: how many times dead worker processes are replaced in one call
-CONNECT_TIMEOUT_S = 5.0        # dask://: how long to try reaching the scheduler
+CONNECT_TIMEOUT_S = 3.0        # dask://: how long to try reaching the scheduler
 _SPEC = re.compile(r"^(?:(?P<local>local)(?::(?P<n>\d+))?|dask-local:(?P<dn>\d+)|dask://(?P<host>[^:/\s]+):(?P<port>\d+))$")
 ALLOWED = "local, local:N, dask-local:N or dask://HOST:PORT (N >= 1 workers)"
 

@@ -54,6 +54,7 @@ def sweep_spec(scenario_path: str | os.PathLike, grid_items=(), sets=(), *, fast
         MemsimError: the scenario, a --grid item, a --set item or the price table is bad (one line).
     """
     source = os.fspath(scenario_path)
+    _require_pyarrow()
     document = read_scenario_document(source)
     base = scenario_from_dict(document, source, tuple(sets))
     axes = merge_axes(base.sweep.grid, [parse_grid_option(item, source) for item in grid_items], source)
@@ -67,6 +68,14 @@ def sweep_spec(scenario_path: str | os.PathLike, grid_items=(), sets=(), *, fast
                      tokens if tokens is not None else base.sweep.tokens,
                      Pricing(mode, amortization_years or base.sweep.amortization_years),
                      load_prices(prices_path or base.sweep.prices))
+
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise DataError("memsim sweep writes its table as Parquet with pyarrow, which is not installed "
+                        "(pip install 'memsim[cluster]')") from None
 
 
 @dataclass
