@@ -33,12 +33,14 @@ class TerminalProgress:
                                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                   console=Console(stderr=True), transient=True)
         self._task = None
+        self._running = False
 
     def start(self, description: str, total: int, completed: int = 0) -> None:
         """Show a bar for `total` items, `completed` of them done already."""
-        if self._task is None:
+        if not self._running:
             self._progress.start()
-        else:
+            self._running = True
+        if self._task is not None:
             self._progress.remove_task(self._task)
         self._task = self._progress.add_task(description, total=total, completed=completed)
 
@@ -47,10 +49,10 @@ class TerminalProgress:
         self._progress.advance(self._task, count)
 
     def stop(self) -> None:
-        """Remove the bar."""
-        if self._task is not None:
+        """Remove the bar (again: nothing)."""
+        if self._running:
             self._progress.stop()
-            self._task = None
+            self._running = False
 
 
 def _progress():
@@ -102,18 +104,21 @@ def sweep_command(
     except MemsimError as error:
         _fail(str(error))
         return
+    progress = _progress()
     try:
-        result = run_sweep(spec, folder, pool, resume=resume is not None, progress=_progress())
-    except MemsimError as error:
-        _fail(str(error))
-        return
-    except KeyboardInterrupt:       # while checking points: nothing was written
+        result = run_sweep(spec, folder, pool, resume=resume is not None, progress=progress)
+    except (MemsimError, OSError, KeyboardInterrupt) as error:
+        if progress is not None:
+            progress.stop()
         pool.close(interrupted=True)
-        sys.stderr.write("memsim: interrupted before any point ran; nothing was written\n")
-        raise typer.Exit(130)
-    except OSError as error:
-        _fail(f"{folder}: cannot write the sweep: {error.strerror or error}")
+        if isinstance(error, KeyboardInterrupt):     # while checking points: nothing was written
+            sys.stderr.write("memsim: interrupted before any point ran; nothing was written\n")
+            raise typer.Exit(130) from None
+        _fail(str(error) if isinstance(error, MemsimError)
+              else f"{folder}: cannot write the sweep: {error.strerror or error}")
         return
+    if progress is not None:
+        progress.stop()
     pool.close(interrupted=result.interrupted)
     _print_summary(result, folder)
     if result.interrupted:

@@ -120,6 +120,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | os.PathLike, executor, *, resume: 
               progress=None) -> SweepResult:
     """Run a sweep into `out_dir` (or finish the one there, with `resume`).
 
+    `progress`, when given, is told `start(description, total, completed=0)` for each phase (checking, then
+    simulating or estimating) and `advance(count)` as items finish; the caller stops it. Ctrl-C while points
+    run stops the executor and writes the table of what finished (`SweepResult.interrupted`).
+
     Raises:
         MemsimError: every point invalid, prices missing for a device used, `out_dir` holding another sweep
             (or, with `resume`, no sweep or a different one), a damaged journal. Nothing is written then.
@@ -163,8 +167,6 @@ def run_sweep(spec: SweepSpec, out_dir: str | os.PathLike, executor, *, resume: 
         executor.close(interrupted=True)
     finally:
         journal.close()
-        if progress is not None:
-            progress.stop()
     table = build_table(spec.axes, points, checks, outcomes, spec.prices, spec.pricing, spec.tokens)
     written = _write_outputs(out, table, spec)
     return SweepResult(spec.source, points, checks, outcomes, table, written, resumed, interrupted)

@@ -49,3 +49,20 @@ def simulate_point(task: PointTask) -> dict:
         return outcome_of(simulate(task.scenario(), timelines=False, memory_workers=task.memory_workers).report)
     except MemsimError as error:
         return {"error": str(error)}
+
+
+def estimate_points(tasks: list[PointTask]) -> list[dict]:
+    """The outcomes of a batch of points from the fast estimate, evaluated together (vectorised over plans)."""
+    from simulator.explore.estimate import estimate_reports
+
+    outcomes: list[dict | None] = [None] * len(tasks)
+    loaded = []
+    for position, task in enumerate(tasks):
+        try:
+            loaded.append((position, task.scenario()))
+        except MemsimError as error:
+            outcomes[position] = {"error": str(error)}
+    reports = estimate_reports([scenario for _, scenario in loaded], errors="return")
+    for (position, _), report in zip(loaded, reports):
+        outcomes[position] = {"error": str(report)} if isinstance(report, MemsimError) else outcome_of(report)
+    return outcomes
