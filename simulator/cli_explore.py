@@ -111,9 +111,8 @@ def sweep_command(
         if progress is not None:
             progress.stop()
         pool.close(interrupted=True)
-        if isinstance(error, KeyboardInterrupt):     # while checking points: nothing was written
-            sys.stderr.write("memsim: interrupted before any point ran; nothing was written\n")
-            raise typer.Exit(130) from None
+        if isinstance(error, KeyboardInterrupt):     # while checking points, or a second Ctrl-C
+            _interrupted(folder, started=(folder / "journal.jsonl").exists())
         _fail(str(error) if isinstance(error, MemsimError)
               else f"{folder}: cannot write the sweep: {error.strerror or error}")
         return
@@ -122,9 +121,15 @@ def sweep_command(
     pool.close(interrupted=result.interrupted)
     _print_summary(result, folder)
     if result.interrupted:
-        sys.stderr.write(f"memsim: interrupted; every finished point is in {folder}; "
-                         f"finish with --resume {folder}\n")
-        raise typer.Exit(130)
+        _interrupted(folder, started=True)
+
+
+def _interrupted(folder: Path, started: bool) -> None:
+    if started:
+        sys.stderr.write(f"memsim: interrupted; every finished point is in {folder}; finish with --resume {folder}\n")
+    else:
+        sys.stderr.write("memsim: interrupted before any point ran; nothing was written\n")
+    raise typer.Exit(130)
 
 
 MAX_LISTED = 10

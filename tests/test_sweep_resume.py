@@ -70,11 +70,17 @@ def reference(tmp_path_factory):
     return scenario, folder / "out"
 
 
+@pytest.fixture
+def local(reference, tmp_path) -> Path:
+    """The reference scenario copied into this test's folder."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(reference[0].read_text(), encoding="utf-8")
+    return path
+
+
 @pytest.mark.slow
-def test_kill_9_then_resume_loses_and_repeats_no_point(reference, tmp_path):
-    scenario, reference_out = reference
-    local = tmp_path / "tiny.toml"
-    local.write_text(scenario.read_text(), encoding="utf-8")
+def test_kill_9_then_resume_loses_and_repeats_no_point(reference, local, tmp_path):
+    reference_out = reference[1]
     out = tmp_path / "out"
     killed = _start_and_interrupt(local, out, signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
@@ -90,10 +96,8 @@ def test_kill_9_then_resume_loses_and_repeats_no_point(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_writes_the_finished_points_and_resume_completes(reference, tmp_path):
-    scenario, reference_out = reference
-    local = tmp_path / "tiny.toml"
-    local.write_text(scenario.read_text(), encoding="utf-8")
+def test_ctrl_c_writes_the_finished_points_and_resume_completes(reference, local, tmp_path):
+    reference_out = reference[1]
     out = tmp_path / "out"
     stopped = _start_and_interrupt(local, out, signal.SIGINT)
     assert stopped.returncode == 130, stopped.stderr

@@ -167,6 +167,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | os.PathLike, executor, *, resume: 
         executor.close(interrupted=True)
     finally:
         journal.close()
+    outcomes = read_journal(out, labels)        # the tables come from the journal, whatever interrupted what
     table = build_table(spec.axes, points, checks, outcomes, spec.prices, spec.pricing, spec.tokens)
     written = _write_outputs(out, table, spec)
     return SweepResult(spec.source, points, checks, outcomes, table, written, resumed, interrupted)
