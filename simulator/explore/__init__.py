@@ -1,1 +1,1 @@
-"""Exploration: sweeps over scenario keys, cost and energy, plan search, comparison, pictures, executors."""
+"""Exploration: the fast estimate, plan search, sweeps, comparison, cost and energy, pictures and executors."""
