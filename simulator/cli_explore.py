@@ -155,3 +155,119 @@ def _print_summary(result, folder: Path) -> None:
                      f"tokens/s, MFU {100 * best['mfu']:.3g}%")
     lines.append("wrote " + ", ".join(str(path) for path in result.written))
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+class _SearchProgress:
+    """Adapts search_plans' progress(phase, done, total) calls to the terminal bar."""
+
+    def __init__(self, bar: TerminalProgress) -> None:
+        self._bar, self._phase, self._done = bar, None, 0
+
+    def update(self, phase: str, done: int, total: int) -> None:
+        if phase != self._phase:
+            self._bar.start(phase, total)
+            self._phase, self._done = phase, 0
+        self._bar.advance(done - self._done)
+        self._done = done
+
+
+def compare_command(
+    scenario: Annotated[Path, typer.Argument(help="Scenario file (TOML): the model, training recipe and batch.")],
+    cluster: Annotated[list[str], typer.Option(
+        "--cluster", help="A cluster to compare: TOPOLOGY:NODES, e.g. dgx-h100:2 (repeatable).")],
+    tokens: Annotated[Optional[float], typer.Option(
+        "--tokens", help="Token budget: time to train, dollars and kWh for it.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the comparison as JSON.")] = False,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Also write compare.csv, compare.parquet, compare.json and pictures here.")] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Plans verified by the full simulation per cluster.")] = 3,
+    executor: Annotated[Optional[str], typer.Option("--executor", help=_EXECUTOR_HELP)] = None,
+    prices: Annotated[Optional[Path], typer.Option(
+        "--prices", help="Price and power table overriding topologies/costs/prices.toml.")] = None,
+    pricing: Annotated[Optional[str], typer.Option(
+        "--pricing", help="rent (hourly rental) or own (purchase amortised, plus electricity).")] = None,
+    amortization_years: Annotated[Optional[float], typer.Option(
+        "--amortization-years", help="Years owned hardware is written off over (default: the price table's).")] = None,
+) -> None:
+    """Find the best plan on each cluster (estimate, then simulation) and set them side by side with cost and energy."""
+    from simulator.explore.compare import compare_clusters, comparison_json, parse_cluster
+    from simulator.explore.executors import open_executor
+    from simulator.explore.sweep import costing
+    from simulator.scenario import load_scenario
+
+    _long_running()
+    try:
+        base = load_scenario(scenario)
+        budget, how, table = costing(base, tokens=tokens, prices_path=None if prices is None else str(prices),
+                                     pricing=pricing, amortization_years=amortization_years)
+        choices = [parse_cluster(item) for item in cluster]
+        if out is not None:
+            from simulator.explore.sweep import _require_pyarrow
+
+            _require_pyarrow()
+        pool = open_executor(executor)
+    except MemsimError as error:
+        _fail(str(error))
+        return
+    bar = _progress()
+    try:
+        comparison = compare_clusters(str(scenario), choices, prices=table, pricing=how, tokens=budget, top_k=top,
+                                      executor=pool, progress=None if bar is None else _SearchProgress(bar))
+        written = _write_comparison(comparison, out, scenario.stem) if out is not None else []
+    except (MemsimError, OSError, KeyboardInterrupt) as error:
+        if bar is not None:
+            bar.stop()
+        pool.close(interrupted=True)
+        if isinstance(error, KeyboardInterrupt):
+            sys.stderr.write("memsim: interrupted; nothing was written\n")
+            raise typer.Exit(130) from None
+        _fail(str(error) if isinstance(error, MemsimError) else f"{out}: cannot write outputs: {error.strerror}")
+        return
+    if bar is not None:
+        bar.stop()
+    pool.close()
+    if as_json:
+        sys.stdout.write(comparison_json(comparison))
+        return
+    _print_comparison(comparison, how.mode)
+    if written:
+        sys.stdout.write("wrote " + ", ".join(str(path) for path in written) + "\n")
+
+
+def _write_comparison(comparison, out: Path, title: str) -> list[Path]:
+    from simulator.explore.compare import comparison_json
+    from simulator.explore.pictures import table_pictures
+    from simulator.explore.sweep import write_file_set
+    from simulator.explore.table import csv_bytes, parquet_bytes
+
+    files = {"compare.csv": csv_bytes(comparison.best), "compare.parquet": parquet_bytes(comparison.best),
+             "compare.json": comparison_json(comparison).encode("utf-8")}
+    files.update(table_pictures(comparison.verified.rows, label=lambda row: f"{row['cluster']} {row['plan']}",
+                                tokens=comparison.tokens, title=title))
+    return write_file_set(out, files)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 86400:,.1f} days" if seconds >= 2 * 86400 else f"{seconds / 3600:,.1f} h"
+
+
+def _print_comparison(comparison, mode: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    budget = comparison.tokens
+    title = (f"best plan per cluster, {budget:.3g} tokens, {'rented' if mode == 'rent' else 'owned'}"
+             if budget is not None else f"best plan per cluster ({'rented' if mode == 'rent' else 'owned'})")
+    table = Table(title=title)
+    for column in ("cluster", "GPUs", "plan", "fits", "tokens/s", "MFU", "peak reserved",
+                   *(("time to train", "dollars", "kWh") if budget is not None else ("$ / M tokens", "kWh / M tokens"))):
+        table.add_column(column)
+    for row in comparison.best.rows:
+        if row["status"] != "ok":
+            table.add_row(row["cluster"], str(row["gpus"]), row["reason"], "no", *[""] * (3 + (3 if budget else 2)))
+            continue
+        cost = ((_hours(row["time_to_train_s"]), f"${row['usd']:,.0f}", f"{row['kwh']:,.0f}") if budget is not None
+                else (f"${row['usd_per_million_tokens']:,.3f}", f"{row['kwh_per_million_tokens']:,.3f}"))
+        table.add_row(row["cluster"], str(row["gpus"]), row["plan"], "yes", f"{row['tokens_per_s']:,.0f}",
+                      f"{100 * row['mfu']:.1f}%", f"{row['peak_reserved_bytes'] / 2**30:.1f} GiB", *cost)
+    Console(width=160 if not sys.stdout.isatty() else None).print(table)

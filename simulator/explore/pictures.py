@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 
 import matplotlib
 from matplotlib.figure import Figure
@@ -93,8 +94,8 @@ def heatmap_figure(cells: dict[tuple[int, int], float | None], title: str) -> Fi
     return figure
 
 
-def table_pictures(rows, *, label_keys: list[str], tokens: float | None, title: str) -> dict[str, bytes]:
-    """The pictures of a sweep or comparison table, by file name (none when no row fits).
+def table_pictures(rows, *, label: Callable[[dict], str], tokens: float | None, title: str) -> dict[str, bytes]:
+    """The pictures of a sweep or comparison table, by file name (none when no row fits); `label` names a row.
 
     pareto_time_cost: time to train against dollars for `tokens` (per million tokens without a budget);
     pareto_memory_throughput: largest peak reserved memory against tokens/s; heatmap_tp_pp: iteration time.
@@ -102,8 +103,7 @@ def table_pictures(rows, *, label_keys: list[str], tokens: float | None, title: 
     fitting = [row for row in rows if row["status"] == "ok" and row["fits"] and row["usd_per_million_tokens"]]
     if not fitting:
         return {}
-    labels = [" ".join(f"{key.rpartition('.')[2]}={row[key]}" for key in label_keys) or f"point {row['point']}"
-              for row in fitting]
+    labels = [label(row) for row in fitting]
     millions = (tokens or 1e6) / 1e6
     budget = f"{tokens:.3g} tokens" if tokens is not None else "one million tokens"
     hours = [1e6 / row["tokens_per_s"] * millions / 3600.0 for row in fitting]

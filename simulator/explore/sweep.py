@@ -58,16 +58,28 @@ def sweep_spec(scenario_path: str | os.PathLike, grid_items=(), sets=(), *, fast
     document = read_scenario_document(source)
     base = scenario_from_dict(document, source, tuple(sets))
     axes = merge_axes(base.sweep.grid, [parse_grid_option(item, source) for item in grid_items], source)
+    costs = costing(base, tokens=tokens, prices_path=prices_path, pricing=pricing,
+                    amortization_years=amortization_years)
+    return SweepSpec(source, document, tuple(sets), axes, fast or base.sweep.fast, *costs)
+
+
+def costing(base, *, tokens: float | None, prices_path: str | None, pricing: str | None,
+            amortization_years: float | None) -> tuple[float | None, Pricing, PriceTable]:
+    """(token budget, pricing, price table): the command line's options, else the scenario's [sweep] table.
+
+    Raises:
+        MemsimError: --pricing not rent or own, a budget or amortisation period not > 0, a bad price table.
+    """
+    source = base.source
     mode = pricing or base.sweep.pricing
     if mode not in ("rent", "own"):
         raise ScenarioError(f"{source}: --pricing {mode!r}: must be rent or own")
     for name, value in (("--tokens", tokens), ("--amortization-years", amortization_years)):
         if value is not None and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
             raise ScenarioError(f"{source}: {name} {value!r}: must be a number > 0")
-    return SweepSpec(source, document, tuple(sets), axes, fast or base.sweep.fast,
-                     tokens if tokens is not None else base.sweep.tokens,
-                     Pricing(mode, amortization_years or base.sweep.amortization_years),
-                     load_prices(prices_path or base.sweep.prices))
+    return (tokens if tokens is not None else base.sweep.tokens,
+            Pricing(mode, amortization_years or base.sweep.amortization_years),
+            load_prices(prices_path or base.sweep.prices))
 
 
 def _require_pyarrow() -> None:
@@ -215,9 +227,12 @@ def _write_outputs(out: Path, table: Table, spec: SweepSpec) -> list[Path]:
     from simulator.explore.pictures import table_pictures
 
     files = {"sweep.csv": csv_bytes(table), "sweep.parquet": parquet_bytes(table)}
-    name = Path(spec.source).stem
-    files.update(table_pictures(table.rows, label_keys=[key for key, _ in spec.axes], tokens=spec.tokens,
-                                title=name))
+    keys = [key for key, _ in spec.axes]
+
+    def label(row: dict) -> str:
+        return " ".join(f"{key.rpartition('.')[2]}={row[key]}" for key in keys) or f"point {row['point']}"
+
+    files.update(table_pictures(table.rows, label=label, tokens=spec.tokens, title=Path(spec.source).stem))
     return write_file_set(out, files)
 
 
