@@ -204,3 +204,25 @@ def test_run_accepts_a_sweep_table_and_checks_it(tmp_path):
     assert good.sweep.grid == (("model.num_layers", (2, 4)), ("training.micro_batch_size", (1, 2, 3)))
     with pytest.raises(MemsimError, match="sweep.grid: unknown key path 'model.layers'; did you mean"):
         load_scenario(_write(tmp_path, "b.toml", tiny_gpt_on_one_4090("b", "[sweep.grid]\nmodel.layers = [2]\n")))
+
+
+def test_fast_rows_are_the_estimate_of_each_point(swept, tmp_path):
+    from simulator.explore.estimate import estimate_reports
+
+    scenario, _, _ = swept
+    result = _sweep(str(scenario), "--fast", "--out", str(tmp_path / "fast"), "--executor", "local:2")
+    assert result.exit_code == 0, result.stderr
+    rows = _rows(tmp_path / "fast" / "sweep.csv")
+    valid = [(layers, micro) for layers, micro in POINTS if micro != 3]
+    scenarios = [load_scenario(scenario, [f"model.num_layers={layers}", f"training.micro_batch_size={micro}"])
+                 for layers, micro in valid]
+    expected = [outcome_of(report) for report in estimate_reports(scenarios)]
+    shown = [row for row in rows if row["status"] == "ok"]
+    assert len(shown) == len(expected) and all(row["estimate"] == "true" for row in shown)
+    for row, outcome in zip(shown, expected):
+        assert float(row["iteration_time_s"]) == outcome["iteration_time_s"]
+        assert int(row["peak_reserved_bytes"]) == outcome["peak_reserved_bytes"]
+    assert [row["status"] for row in rows] == ["ok", "ok", "invalid", "ok", "ok", "invalid"]
+    # a fast sweep is not the full one: resuming one as the other is refused
+    again = _sweep(str(scenario), "--resume", str(tmp_path / "fast"), "--executor", "local:1")
+    _one_line_error(again, "differs from this one in mode")

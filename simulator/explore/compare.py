@@ -54,7 +54,8 @@ def parse_cluster(text: str) -> ClusterChoice:
 
 
 COLUMNS = (
-    ("cluster", "str"), ("gpus", "int"), ("device", "str"), ("plan", "str"), ("status", "str"), ("reason", "str"),
+    ("cluster", "str"), ("gpus", "int"), ("device", "str"), ("plan", "str"), ("overrides", "str"), ("status", "str"),
+    ("reason", "str"),
     ("dp", "int"), ("tp", "int"), ("pp", "int"),
     ("fits", "bool"), ("peak_allocated_bytes", "int"), ("peak_reserved_bytes", "int"), ("iteration_time_s", "float"),
     ("tokens_per_s", "float"), ("mfu", "float"), ("bubble_fraction", "float"), ("exposed_communication_s", "float"),
@@ -78,7 +79,7 @@ def _row(choice: ClusterChoice, candidate, report: dict, prices: PriceTable, pri
     row = dict.fromkeys(name for name, _ in COLUMNS)
     settings = dict(candidate.settings)
     row.update(cluster=choice.label, gpus=choice.gpus, device=choice.shape.device, plan=candidate.label,
-               status="ok", dp=settings.get("parallel.dp"), tp=settings.get("parallel.tp"),
+               overrides=" ".join(candidate.overrides), status="ok", dp=settings.get("parallel.dp"), tp=settings.get("parallel.tp"),
                pp=settings.get("parallel.pp"))
     row.update(outcome_of(report))
     row["candidates"], row["estimated_fitting"], row["verified"] = counts

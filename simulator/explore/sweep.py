@@ -164,7 +164,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | os.PathLike, executor, *, resume: 
         if progress is not None:
             progress.start("simulating" if not spec.fast else "estimating", len(valid), completed=resumed)
         memory_workers = None if executor.workers == 1 and "dask" not in executor.description else 0
-        for position, outcome in _evaluate(spec, pending, executor, memory_workers):
+        for position, outcome in _evaluate(spec, valid, pending, executor, memory_workers):
             point = pending[position]
             journal.append(point.index, point.label, outcome)
             outcomes[point.index] = outcome
@@ -185,19 +185,28 @@ def run_sweep(spec: SweepSpec, out_dir: str | os.PathLike, executor, *, resume: 
     return SweepResult(spec.source, points, checks, outcomes, table, written, resumed, interrupted)
 
 
-def _evaluate(spec: SweepSpec, pending: list[Point], executor, memory_workers):
-    """(position in `pending`, outcome) pairs as the executor finishes them."""
-    if spec.fast:
-        from simulator.explore.tasks import estimate_points
+ESTIMATE_BLOCK = 128            # --fast: valid points estimated together, in fixed blocks of point order
 
-        tasks = _tasks(spec, pending, 0)
-        size = max(1, min(256, -(-len(tasks) // (4 * executor.workers))))
-        batches = [tasks[start:start + size] for start in range(0, len(tasks), size)]
-        for batch_index, outcomes in executor.imap_unordered(estimate_points, batches):
-            for offset, outcome in enumerate(outcomes):
-                yield batch_index * size + offset, outcome
+
+def _evaluate(spec: SweepSpec, valid: list[Point], pending: list[Point], executor, memory_workers):
+    """(position in `pending`, outcome) pairs as the executor finishes them.
+
+    With --fast, the valid points are cut into fixed blocks of ESTIMATE_BLOCK in point order and every block
+    with a pending point is estimated whole (its finished points are not journaled again): each point is
+    always evaluated beside the same others, so its numbers do not depend on the executor or on a resume.
+    """
+    if not spec.fast:
+        yield from executor.imap_unordered(simulate_point, _tasks(spec, pending, memory_workers))
         return
-    yield from executor.imap_unordered(simulate_point, _tasks(spec, pending, memory_workers))
+    from simulator.explore.tasks import estimate_points
+
+    position = {point.index: k for k, point in enumerate(pending)}
+    blocks = [valid[start:start + ESTIMATE_BLOCK] for start in range(0, len(valid), ESTIMATE_BLOCK)]
+    blocks = [block for block in blocks if any(point.index in position for point in block)]
+    for number, outcomes in executor.imap_unordered(estimate_points, [_tasks(spec, b, 0) for b in blocks]):
+        for point, outcome in zip(blocks[number], outcomes):
+            if point.index in position:
+                yield position[point.index], outcome
 
 
 def _open_output(out: Path, header: dict, labels: dict[int, str], resume: bool) -> dict[int, dict]:
