@@ -15,6 +15,16 @@ _EXECUTOR_HELP = ("Where points run: local[:N] (process pool, default one per co
                   "dask-local:N (a Dask LocalCluster) or dask://HOST:PORT (a running scheduler).")
 
 
+# Options sweep and compare share.
+ExecutorOption = Annotated[Optional[str], typer.Option("--executor", help=_EXECUTOR_HELP)]
+PricesOption = Annotated[Optional[Path], typer.Option(
+    "--prices", help="Price and power table overriding topologies/costs/prices.toml.")]
+PricingOption = Annotated[Optional[str], typer.Option(
+    "--pricing", help="rent (hourly rental) or own (purchase amortised, plus electricity).")]
+AmortizationOption = Annotated[Optional[float], typer.Option(
+    "--amortization-years", help="Years owned hardware is written off over (default: the price table's).")]
+
+
 def _fail(message: str) -> None:
     sys.stderr.write(f"memsim: error: {message}\n")
     raise typer.Exit(2)
@@ -76,15 +86,12 @@ def sweep_command(
     resume: Annotated[Optional[Path], typer.Option(
         "--resume", help="Finish the interrupted sweep in this folder (same scenario, --grid and --set).")] = None,
     fast: Annotated[bool, typer.Option("--fast", help="Evaluate every point with the fast estimate only.")] = False,
-    executor: Annotated[Optional[str], typer.Option("--executor", help=_EXECUTOR_HELP)] = None,
+    executor: ExecutorOption = None,
     tokens: Annotated[Optional[float], typer.Option(
         "--tokens", help="Token budget: adds time to train, dollars and kWh per point.")] = None,
-    prices: Annotated[Optional[Path], typer.Option(
-        "--prices", help="Price and power table overriding topologies/costs/prices.toml.")] = None,
-    pricing: Annotated[Optional[str], typer.Option(
-        "--pricing", help="rent (hourly rental) or own (purchase amortised, plus electricity).")] = None,
-    amortization_years: Annotated[Optional[float], typer.Option(
-        "--amortization-years", help="Years owned hardware is written off over (default: the price table's).")] = None,
+    prices: PricesOption = None,
+    pricing: PricingOption = None,
+    amortization_years: AmortizationOption = None,
 ) -> None:
     """Run a scenario over the product of grid axes; write the table of every point, CSV and Parquet, and pictures."""
     from simulator.explore.executors import open_executor
@@ -181,13 +188,10 @@ def compare_command(
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Also write compare.csv, compare.parquet, compare.json and pictures here.")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Plans verified by the full simulation per cluster.")] = 3,
-    executor: Annotated[Optional[str], typer.Option("--executor", help=_EXECUTOR_HELP)] = None,
-    prices: Annotated[Optional[Path], typer.Option(
-        "--prices", help="Price and power table overriding topologies/costs/prices.toml.")] = None,
-    pricing: Annotated[Optional[str], typer.Option(
-        "--pricing", help="rent (hourly rental) or own (purchase amortised, plus electricity).")] = None,
-    amortization_years: Annotated[Optional[float], typer.Option(
-        "--amortization-years", help="Years owned hardware is written off over (default: the price table's).")] = None,
+    executor: ExecutorOption = None,
+    prices: PricesOption = None,
+    pricing: PricingOption = None,
+    amortization_years: AmortizationOption = None,
 ) -> None:
     """Find the best plan on each cluster (estimate, then simulation) and set them side by side with cost and energy."""
     from simulator.explore.compare import compare_clusters, comparison_json, parse_cluster

@@ -15,23 +15,9 @@ from simulator.cli import app
 from simulator.explore.cost import ClusterShape, Pricing, load_prices, per_million_tokens
 from simulator.explore.table import outcome_of
 from simulator.scenario import load_scenario
+from tests.tiny_scenarios import tiny_gpt
 
-TINY = """\
-name = "compare-tiny"
-[model]
-architecture = "gpt"
-num_layers = 4
-hidden_size = 64
-num_attention_heads = 4
-vocab_size = 512
-seq_length = 32
-dropout = 0.0
-[training]
-micro_batch_size = 1
-global_batch_size = 16
-[run]
-warmup_iterations = 0
-"""
+TINY = tiny_gpt("compare-tiny", 4, 16) + "\n[run]\nwarmup_iterations = 0\n"
 
 
 def _compare(*args: str):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def _tiny_gpt(name: str, layers: int, global_batch: int) -> str:
+def tiny_gpt(name: str, layers: int, global_batch: int) -> str:
     """The name, [model] and [training] tables of the tiny GPT (hidden 64, 4 heads, vocab 512, seq 32)."""
     return f"""\
 name = "{name}"
@@ -27,7 +27,7 @@ precision = "bf16-mixed"
 def tiny_gpt_on_4090s(name: str, layers: int, global_batch: int, parallel: str, warmup_iterations: int) -> str:
     """Scenario TOML: GPT (hidden 64, 4 heads, vocab 512, seq 32, no dropout), micro-batch 1, bf16-mixed,
     pcie-4x4090, one measured iteration; `parallel` is the body of the [parallel] section."""
-    return _tiny_gpt(name, layers, global_batch) + f"""
+    return tiny_gpt(name, layers, global_batch) + f"""
 
 [parallel]
 {parallel.strip()}
@@ -44,7 +44,7 @@ iterations = 1
 def tiny_gpt_on_one_4090(name: str, sweep: str = "") -> str:
     """Scenario TOML: a two-layer GPT (hidden 64, 4 heads, vocab 512, seq 32) on one RTX 4090, global batch 4, no
     warm-up; `sweep` is appended (e.g. a [sweep.grid] table). A point simulates in about 0.1 s."""
-    return _tiny_gpt(name, 2, 4) + f"""
+    return tiny_gpt(name, 2, 4) + f"""
 [cluster]
 topology = "rtx-4090"
 
