@@ -33,6 +33,7 @@ class Caches:
     networks: dict = field(default_factory=dict)
     op_times: dict = field(default_factory=dict)      # device -> timed_ops' cache
     outputs: dict = field(default_factory=dict)
+    replays: dict = field(default_factory=dict)       # a rank's allocator replay (reserved.py)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -78,6 +79,7 @@ class PlanNumbers:
     costs: np.ndarray
     offsets: np.ndarray
     ranks: tuple[RankNumbers, ...]
+    chunks: dict = field(default_factory=dict)     # (stage, chunk) -> (ChunkModel, ChunkProfile, cache key)
 
 
 def _kind(span, pp: int) -> str:
@@ -96,7 +98,8 @@ def _recorded(layers: int, recompute: str) -> int:
     return layers if layers <= RECORDED_LAYERS else RECORDED_LAYERS
 
 
-def _chunk(caches: Caches, prepared: Prepared, span) -> ChunkModel:
+def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkProfile, tuple]:
+    """The chunk model of a stage span, its profile and its cache key."""
     recipe = prepared.recipe
     pp = prepared.plan.pp
     kind = _kind(span, pp)
@@ -115,9 +118,10 @@ def _chunk(caches: Caches, prepared: Prepared, span) -> ChunkModel:
                  recipe.accumulation_steps)
     found = caches.chunks.get(chunk_key)
     if found is None:
-        found = caches.chunks[chunk_key] = chunk_model(
-            caches.profile(key), layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
-            prepared.device, caches.op_times.setdefault(prepared.device, {}))
+        profile = caches.profile(key)
+        found = caches.chunks[chunk_key] = (chunk_model(
+            profile, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
+            prepared.device, caches.op_times.setdefault(prepared.device, {})), profile, chunk_key)
     return found
 
 
@@ -131,11 +135,19 @@ def _stage_input(caches: Caches, prepared: Prepared, recipe) -> tuple:
     return found
 
 
-def _collectives_s(segment: Segment, groups: dict[str, tuple[int, ...]], network: NetworkCosts | None) -> float:
+def _collectives_s(segment: Segment, groups: dict, network: NetworkCosts | None) -> float:
+    """Seconds of a segment's blocking collectives: `groups` maps an axis to (the rank's group, every group of
+    the axis in its stage)."""
     if network is None or not segment.collectives:
         return 0.0
-    return sum(count * network.collective_s(kind, groups[group], nbytes)
+    return sum(count * network.collective_s(kind, groups[group][0], nbytes, groups[group][1])
                for (group, kind, nbytes), count in segment.collectives)
+
+
+def _stage_groups(plan, stage: int, axis: str) -> tuple[tuple[int, ...], ...]:
+    """The groups of `axis` among the ranks of pipeline stage `stage` (they run the same collectives together)."""
+    members = set(plan.stage_ranks(stage))
+    return tuple(g for g in plan.groups(axis) if g[0] in members)
 
 
 def _reduction_tail(buckets, durations, scale: float) -> float:
@@ -147,12 +159,19 @@ def _reduction_tail(buckets, durations, scale: float) -> float:
     return end
 
 
+def _pairs(plan, src: int, dst: int) -> tuple[tuple[int, int], ...]:
+    """(rank on stage src, the rank at the same dp and tp on stage dst) for every position of the stage."""
+    return tuple((plan.rank_of(dp=d, pp=src, tp=t), plan.rank_of(dp=d, pp=dst, tp=t))
+                 for d in range(plan.dp) for t in range(plan.tp))
+
+
 def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     """The plan's cost and offset tables and per-rank numbers."""
     plan, schedule, recipe = prepared.plan, prepared.schedule, prepared.recipe
     p, v = plan.pp, plan.virtual_stages
     network = caches.network(prepared.topology if prepared.multi else None)
-    chunks = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
+    found = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
+    chunks = {key: value[0] for key, value in found.items()}
     every_sync = any(c.sync_every_backward for c in chunks.values())
     reduces = plan.dp > 1 and not every_sync
     tied = p > 1 and any(c.tied_embedding_grad_bytes for c in chunks.values())
@@ -168,7 +187,8 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     reps = [plan.rank_of(dp=0, pp=s, tp=0) for s in range(p)]
     for r in range(p):
         rank = reps[r]
-        groups = {"tp": plan.group_of(rank, "tp"), "dp": plan.group_of(rank, "dp")} if prepared.multi else {}
+        groups = {axis: (plan.group_of(rank, axis), _stage_groups(plan, r, axis)) for axis in ("tp", "dp")} \
+            if prepared.multi else {}
         persistent = {c: 0 for c in CATEGORIES}
         coefficients = np.zeros(v * COORDS)
         excursions = np.zeros(v * MTYPES)
@@ -198,7 +218,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 excursions[kinds + M_W_FIRST] = w_first.excursion_bytes
                 excursions[kinds + M_W_LATER] = w_later.excursion_bytes
             step_bytes += coefficients[base + DONE_B] + coefficients[base + DONE_W]
-            durations = [network.collective_s(b.kind, groups["dp"], b.nbytes) for b in model.buckets] \
+            durations = [network.collective_s(b.kind, groups["dp"][0], b.nbytes, groups["dp"][1]) for b in model.buckets] \
                 if network is not None and plan.dp > 1 else [0.0] * len(model.buckets)
             reductions += sum(durations)
             by_slot = {F: fwd, B_FIRST: b_first, B_LATER: b_later, B_SYNC: b_later}
@@ -236,16 +256,20 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             phases[key] = phases.get(key, 0.0) + s
         if tied and r in (0, p - 1):
             size = max(chunks[(r, c)].tied_embedding_grad_bytes for c in range(v))
-            costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size)
+            costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size,
+                                                            _pairs(plan, 0, p - 1))
         persistent["other"] += chunks[(r, 0)].workspace_bytes      # one set of cuBLAS workspaces per rank
-        # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring).
-        last_chunk = chunks[(r, v - 1)]
-        costs[transfer_base + transfer_slot("activation", r)] = network.send_s(
-            rank, reps[(r + 1) % p], last_chunk.output_bytes) if network is not None and p > 1 else 0.0
-        costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
-            rank, reps[(r - 1) % p], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes) \
-            if network is not None and p > 1 else 0.0
+        if network is not None and p > 1:
+            # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring),
+            # every (dp, tp) position of the stage sending to its own on the other.
+            last_chunk = chunks[(r, v - 1)]
+            after, before = (r + 1) % p, (r - 1) % p
+            costs[transfer_base + transfer_slot("activation", r)] = network.send_s(
+                rank, reps[after], last_chunk.output_bytes, _pairs(plan, r, after))
+            costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
+                rank, reps[before], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes,
+                _pairs(plan, r, before))
         ranks.append(RankNumbers(rank, int(sum(persistent.values())), persistent, coefficients, excursions,
                                  int(step_bytes), int(step.excursion_bytes), compute, blocking, phases, flops,
                                  parameters, reductions))
-    return PlanNumbers(prepared, structure, skey, costs, offsets, tuple(ranks))
+    return PlanNumbers(prepared, structure, skey, costs, offsets, tuple(ranks), found)

@@ -23,7 +23,8 @@ from simulator.errors import MemsimError
 from simulator.explore.assemble import Caches, PlanNumbers, numbers
 from simulator.explore.pipeline import evaluate
 from simulator.explore.prepare import Prepared, prepare
-from simulator.explore.reserved import reserved_bytes
+from simulator.explore.profiles import keeps_output
+from simulator.explore.reserved import replay_rank, replay_schedule
 from simulator.report.metrics import peak_flop_rate
 from simulator.scenario import Scenario
 from simulator.workload.graph import ACTIVATIONS, CATEGORIES
@@ -64,12 +65,34 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
     for item in planned:
         groups.setdefault(item[1].structure_key, []).append(item)
     for items in groups.values():
-        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items])):
+        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches)):
             results[k] = report
     return results
 
 
-def _evaluate_group(plans: list[PlanNumbers]) -> list[dict]:
+def _replayed(caches: Caches, numbers_: PlanNumbers, r: int) -> tuple[int, int, bool]:
+    """(peak reserved, peak allocated, out of memory) of rank r from the allocator model (reserved.py)."""
+    prepared = numbers_.prepared
+    schedule = replay_schedule(prepared.schedule)
+    actions = schedule.ranks[r]
+    chunks = {c: numbers_.chunks[(r, c)] for c in range(prepared.plan.virtual_stages)}
+    firsts = {}
+    for a in actions:
+        if a.kind in ("B", "I"):
+            firsts.setdefault(a.chunk, a.microbatch)
+    allocator = prepared.scenario.allocator
+    key = (tuple(chunk[2] for _, chunk in sorted(chunks.items())), schedule.name, schedule.ranks[r],
+           prepared.cluster.allocator_capacity_bytes, prepared.cluster.allocator_kind, allocator)
+    found = caches.replays.get(key)
+    if found is None:
+        found = caches.replays[key] = replay_rank(
+            prepared.cluster.allocator_kind, allocator, prepared.cluster.allocator_capacity_bytes,
+            {c: chunk[:2] for c, chunk in chunks.items()}, actions, firsts,
+            keeps_output(prepared.recipe.framework))
+    return found
+
+
+def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
     """Reports of plans that share one structure."""
     structure = plans[0].structure
     ends = evaluate(structure, np.stack([p.costs for p in plans]), np.stack([p.offsets for p in plans]))
@@ -80,11 +103,12 @@ def _evaluate_group(plans: list[PlanNumbers]) -> list[dict]:
         excursions = np.stack([p.ranks[r].excursions for p in plans])            # (plans, types)
         levels = coefficients @ rows.coords.T.astype(float) + excursions[:, rows.types]
         peaks.append(levels.max(axis=1))
-    return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)])
+    return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)],
+                    [_replayed(caches, plan, r) for r in range(structure.p)])
             for i, plan in enumerate(plans)]
 
 
-def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float]) -> dict:
+def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], replayed: list) -> dict:
     prepared: Prepared = numbers_.prepared
     structure = numbers_.structure
     scenario, plan, recipe, device, cluster = (prepared.scenario, prepared.plan, prepared.recipe, prepared.device,
@@ -105,9 +129,9 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float]) 
         idle = max(0.0, iteration - rank.compute_s - exposed)
         peak_allocated = max(rank.start_bytes + action_peaks[r],
                              rank.start_bytes + rank.step_bytes + rank.step_excursion, rank.start_bytes)
-        peak_reserved = reserved_bytes(prepared, rank, peak_allocated)
+        peak_reserved, _, oom = replayed[r]
+        peak_reserved = max(int(peak_reserved), int(peak_allocated))
         capacity = int(device.memory_bytes)
-        oom = peak_reserved > cluster.allocator_capacity_bytes
         breakdown = {c: int(rank.persistent.get(c, 0)) for c in CATEGORIES}
         breakdown[ACTIVATIONS] += int(peak_allocated - rank.start_bytes)
         ranks.append({

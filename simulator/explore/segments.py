@@ -174,18 +174,24 @@ class Blocks:
         return self.before.then(middle).then(self.after)
 
 
-def _layer(op: Op) -> int:
-    """The layer whose run an op belongs to: a ZeRO-3 gather is posted while the previous module runs (it
-    prefetches the next one's parameters), so it goes with the run it sits in."""
-    if op.op_class == COLLECTIVE and op.group == "dp":
-        return -1
-    return op.layer
+def run_layers(ops) -> list[int]:
+    """The layer whose run each op belongs to. A ZeRO-3 gather is posted before the op that starts the module
+    before the one it gathers for (it prefetches): it belongs with the op that follows it, so that every middle
+    layer's run holds one gather, as the modules of a stage repeat."""
+    layers = [-2 if op.op_class == COLLECTIVE and op.group == "dp" else op.layer for op in ops]
+    following = -1
+    for k in range(len(layers) - 1, -1, -1):
+        if layers[k] == -2:
+            layers[k] = following
+        else:
+            following = layers[k]
+    return layers
 
 
 def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor]) -> Blocks:
     """Cut an action's ops into the runs before the layers, per layer, and after (ops of no layer between two
     layers' ops go with the run they follow)."""
-    layers = [_layer(op) for op in ops]
+    layers = run_layers(ops)
     layered = [i for i, layer in enumerate(layers) if layer >= 0]
     if not layered:
         return Blocks(summarize(ops, durations, tensors), (), Segment())

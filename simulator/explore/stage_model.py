@@ -76,6 +76,10 @@ class ChunkModel:
     output_bytes: int
     input_grad_bytes: int
     tied_embedding_grad_bytes: int
+    setup_sizes: tuple[int, ...] = ()         # persistent tensors allocated at set-up, in order (reserved.py)
+    state_sizes: tuple[int, ...] = ()         # optimizer states, allocated at the first step
+    workspace_sizes: tuple[int, ...] = ()     # cuBLAS workspaces
+    step_calls: tuple[tuple[bool, int, int], ...] = ()   # the step's (allocate?, tensor id, bytes)
 
 
 def _params_for(profile: ChunkProfile, layers: int) -> list[ParamSpec]:
@@ -101,6 +105,16 @@ def _params_for(profile: ChunkProfile, layers: int) -> list[ParamSpec]:
 
 def _first_index(params: tuple[ParamSpec, ...]) -> int:
     return next((k for k, p in enumerate(params) if p.layer is not None), len(params))
+
+
+def _buffer_sizes(profile: ChunkProfile, layers: int) -> list[tuple[str, int]]:
+    """(category, bytes) of each persistent buffer of the chunk with `layers` layers (the middle layer's repeated)."""
+    recorded = sorted({layer for _, _, layer in profile.buffers if layer is not None})
+    scale = {layer: 1 for layer in recorded}
+    if recorded and layers != len(recorded):
+        scale[recorded[1]] = layers - 2
+    return [(category, nbytes) for category, nbytes, layer in profile.buffers
+            for _ in range(scale.get(layer, 1) if layer is not None else 1)]
 
 
 def _buffer_bytes(profile: ChunkProfile, layers: int) -> dict[str, int]:
@@ -235,6 +249,16 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
     persistent[GRADIENTS] += sum(tensors[t].nbytes for t in state_ids if tensors[t].category == GRADIENTS)
     runs = timed_ops(step_ops, tensors, device, 0, cache)
     step = summarize([r.op for r in runs], [r.duration_s for r in runs], tensors)
+    if dp > 1 and zero_stage == 3:
+        param_sizes = [shard_numel(numel(p.shape), dp) * DTYPE_BYTES[p.dtype] for p in params]
+    else:
+        param_sizes = [numel(p.shape) * DTYPE_BYTES[p.dtype] for p in params]
+    setup = param_sizes + [nbytes for _, nbytes in _buffer_sizes(profile, layers)]
+    setup += [tensors[t].nbytes for t in states.persistent]
+    if dp > 1:
+        setup += [tensors[t].nbytes for t in sync.plan.bucket_buffers]
+    step_calls = tuple(call for op in step_ops for call in [(True, t, tensors[t].nbytes) for t in op.allocs]
+                       + [(False, t, 0) for t in op.frees])
     return ChunkModel(
         layers=layers, forward=forward, backward_first=backward_first, backward_later=backward_later,
         weight_first=weight(profile.weight_first), weight_later=weight(profile.weight_later),
@@ -242,4 +266,7 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
         persistent=tuple(sorted(persistent.items())), workspace_bytes=workspace_bytes,
         grad_shard_bytes=grad_shard_bytes, step=step, parameter_count=parameter_count,
         output_bytes=profile.output_bytes, input_grad_bytes=profile.input_grad_bytes,
-        tied_embedding_grad_bytes=profile.tied_embedding_grad_bytes)
+        tied_embedding_grad_bytes=profile.tied_embedding_grad_bytes, setup_sizes=tuple(setup),
+        state_sizes=tuple(tensors[t].nbytes for t in state_ids),
+        workspace_sizes=tuple(tensors[t].nbytes for group in states.workspaces for t in group),
+        step_calls=step_calls)
