@@ -62,7 +62,8 @@ class RankNumbers:
     step_bytes: int                      # the level before the step above start_bytes (gradients)
     step_excursion: int
     compute_s: float                     # per iteration, actions and step
-    blocking_s: float                    # blocking collectives in actions and step
+    blocking_s: float                    # compute held by communication in actions and step
+    collectives_s: float                 # the blocking collectives' own seconds (without waits behind others)
     phases: dict                         # seconds per time-breakdown key
     model_flops: float
     parameters: int
@@ -150,6 +151,26 @@ def _stage_groups(plan, stage: int, axis: str) -> tuple[tuple[int, ...], ...]:
     return tuple(g for g in plan.groups(axis) if g[0] in members)
 
 
+def _shared_stream(model: ChunkModel, durations: list[float], groups, network) -> tuple[float, float]:
+    """pp = 1 puts data-parallel reductions and blocking tensor-parallel collectives on one communication stream
+    (lower_multi.lower_data_tensor_parallel): a tensor-parallel collective waits for the reductions posted before
+    it. Returns (the synchronising backward's seconds, seconds from its start until its reductions end), walking
+    its runs (a run's collectives taken at its start)."""
+    now = free = 0.0
+    by_run: dict[int, list[float]] = {}
+    for bucket, seconds in zip(model.buckets, durations):
+        by_run.setdefault(bucket.run, []).append(seconds)
+    for k, run in enumerate(model.backward_runs):
+        waited = _collectives_s(run, groups, network)
+        if waited:
+            now = max(now, free) + waited
+            free = now
+        now += run.compute_s
+        for seconds in by_run.get(k, ()):
+            free = max(free, now) + seconds
+    return now, free
+
+
 def _reduction_tail(buckets, durations, scale: float) -> float:
     """Seconds from the synchronising action's start until its last reduction ends: bucket k starts when it is
     ready (its last gradient landed; `scale` maps a backward's time to its W) and the previous one is done."""
@@ -169,6 +190,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     """The plan's cost and offset tables and per-rank numbers."""
     plan, schedule, recipe = prepared.plan, prepared.schedule, prepared.recipe
     p, v = plan.pp, plan.virtual_stages
+    pp = p
     network = caches.network(prepared.topology if prepared.multi else None)
     found = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
     chunks = {key: value[0] for key, value in found.items()}
@@ -194,7 +216,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
         excursions = np.zeros(v * MTYPES)
         step_bytes = 0
         step = Segment()
-        compute = blocking = reductions = flops = 0.0
+        compute = blocking = collectives = reductions = flops = 0.0
         phases: dict[str, float] = {}
         parameters = 0
         for c in range(v):
@@ -225,17 +247,26 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             if w_first is not None:
                 by_slot.update({W_FIRST: w_first, W_LATER: w_later, W_SYNC: w_later})
             counts = structure.action_counts[r, c]
+            shared = pp == 1 and plan.tp > 1 and plan.dp > 1 and model.buckets
+            if shared:
+                sync_s, reduced_s = _shared_stream(model, durations, groups, network)
             for slot, segment in by_slot.items():
-                waited = _collectives_s(segment, groups, network)
+                own = waited = _collectives_s(segment, groups, network)
                 extra = model.sync_extra_s if slot in (B_SYNC, W_SYNC) else 0.0
                 seconds = segment.compute_s + extra + waited
+                syncs = slot == B_SYNC or (every_sync and slot in (B_FIRST, B_LATER))
+                if shared and syncs:
+                    seconds = sync_s + (extra if slot == B_SYNC else 0.0) + (segment.compute_s - b_later.compute_s)
+                    waited = seconds - segment.compute_s - (extra if slot == B_SYNC else 0.0)
                 if every_sync and slot in (B_FIRST, B_LATER, B_SYNC):
-                    seconds = max(seconds, _reduction_tail(model.buckets, durations, 1.0))
+                    tail = reduced_s if shared else _reduction_tail(model.buckets, durations, 1.0)
+                    seconds = max(seconds, tail)
                 costs[r * v * SLOTS + c * SLOTS + slot] = seconds
                 n = int(counts[slot])
                 if n:
                     compute += n * (segment.compute_s + extra)
                     blocking += n * waited
+                    collectives += n * own
                     flops += n * segment.model_flops
                     for key, s in segment.phase_s:
                         phases[key] = phases.get(key, 0.0) + n * s
@@ -245,13 +276,14 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 if w_first is not None and b_later.compute_s + w_later.compute_s > 0:
                     scale = w_later.compute_s / (b_later.compute_s + w_later.compute_s)
                 offsets[2 * (r * v + c)] = sum(durations)
-                offsets[2 * (r * v + c) + 1] = (_reduction_tail(model.buckets, durations, scale)
-                                                - costs[r * v * SLOTS + c * SLOTS + sync_slot])
+                tail = reduced_s if shared else _reduction_tail(model.buckets, durations, scale)
+                offsets[2 * (r * v + c) + 1] = tail - costs[r * v * SLOTS + c * SLOTS + sync_slot]
             step = step.then(model.step)
         step_waited = _collectives_s(step, groups, network)
         costs[tail_base + 2 * r + 1] = step.compute_s + step_waited
         compute += step.compute_s
         blocking += step_waited
+        collectives += step_waited
         for key, s in step.phase_s:
             phases[key] = phases.get(key, 0.0) + s
         if tied and r in (0, p - 1):
@@ -270,6 +302,6 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 rank, reps[before], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes,
                 _pairs(plan, r, before))
         ranks.append(RankNumbers(rank, int(sum(persistent.values())), persistent, coefficients, excursions,
-                                 int(step_bytes), int(step.excursion_bytes), compute, blocking, phases, flops,
+                                 int(step_bytes), int(step.excursion_bytes), compute, blocking, collectives, phases, flops,
                                  parameters, reductions))
     return PlanNumbers(prepared, structure, skey, costs, offsets, tuple(ranks), found)

@@ -125,7 +125,7 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
         flush_s = float(ends[structure.rank_flush[r]] - ends[structure.rank_compute_end[r]])
         tied_s = float(numbers_.costs[transfer_base + 2 * structure.p + 2 * r]) if structure.tied_node[r] >= 0 else 0.0
         exposed = rank.blocking_s + recv_s + flush_s + tied_s
-        total = rank.blocking_s + recv_s + send_s + rank.reductions_s + tied_s
+        total = rank.collectives_s + recv_s + send_s + rank.reductions_s + tied_s
         idle = max(0.0, iteration - rank.compute_s - exposed)
         peak_allocated = max(rank.start_bytes + action_peaks[r],
                              rank.start_bytes + rank.step_bytes + rank.step_excursion, rank.start_bytes)

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 from simulator.engine.allocator import OutOfMemory, make_allocator
 from simulator.parallel.schedules import SCHEDULE_NAMES, Schedule, by_name
-from simulator.workload.graph import COLLECTIVE, GRADIENTS, Op
+from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, GRADIENTS, Op
 
 from simulator.explore.segments import run_layers
 
 _LAYER = re.compile(r"layers\.(\d+)")
 COMPUTE, COMM, COMM_DP, RECV = 0, 1, 2, 3
+WORKSPACE = ("workspace",)     # a call's identity that marks a GEMM where a workspace group may be allocated
 MAX_GPIPE = 48
 UNBOUNDED = 1 << 62
 
@@ -86,6 +87,7 @@ def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = ()
     for tid, stream in extra_before:
         out.append((True, _shifted(canon, tid, None, 0, place), tensors[tid].nbytes, stream,
                     tensors[tid].category))
+    marked: set[str] = set()
     runs = run_layers(ops)
     layered = [layer for layer in runs if layer >= 0]
     descending = bool(layered) and layered[0] > layered[-1]      # a backward: the copies run last layer first
@@ -101,6 +103,12 @@ def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = ()
         for n in range(times):
             copy = times - 1 - n if descending else n
             for op in block:
+                if op.op_class == GEMM:
+                    # The cuBLAS workspaces are allocated at a rank's first forward GEMM and its first other one.
+                    group = "forward" if op.phase == FORWARD else "backward"
+                    if group not in marked:
+                        marked.add(group)
+                        out.append((True, WORKSPACE, 0, 0, group))
                 stream = _stream(op)
                 for tid in op.allocs:
                     for key in _identities(canon, tid, base, copy, place, copies):
@@ -125,11 +133,14 @@ def _identities(canon, tid: int, block_layer, copy: int, place, copies) -> list[
 
 def _shifted(canon, tid: int, block_layer, copy: int, place) -> tuple:
     """The identity of tensor `tid` referenced from copy `copy` of the block of profile layer `block_layer`: a
-    tensor of profile layer Q seen from the block of profile layer P placed at actual layer A is layer A + Q - P."""
+    tensor of profile layer Q seen from the block of profile layer P placed at actual layer A is layer A + Q - P
+    (neighbours), or the one Q stands for (further apart)."""
     pattern, layer, rank = canon.get(tid, (tid, None, 0))
     if layer is None:
         return (pattern, None, rank)
-    if block_layer is None:
+    if block_layer is None or abs(layer - block_layer) > 1:
+        # Outside the layers, or a first layer's op on a last layer's tensor (the residual stream's gradient,
+        # accumulated through every layer): the tensor the recording's end layer stands for.
         return (pattern, place[layer], rank)
     actual = place[block_layer] + copy + (layer - block_layer)
     return (pattern, actual, rank)
@@ -197,23 +208,10 @@ def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions,
     def calls(c: int, mb_kind: str, action: str) -> Calls:
         found = calls_cache.get((c, mb_kind, action))
         if found is None:
-            model, profile = chunks[c]
-            replay = profile.replay
-            layers = model.layers
-            if action == "forward":
-                before = tuple((t, COMPUTE) for t in replay.before_forward[mb_kind])
-                if replay.received[mb_kind] is not None:
-                    before += ((replay.received[mb_kind], RECV),)
-                after = tuple(t for t in replay.sent[mb_kind] if not keep_output and t not in _grads_of(replay, mb_kind))
-            elif action == "backward":
-                before = ((replay.before_backward[mb_kind], RECV),) if replay.before_backward[mb_kind] is not None else ()
-                after = replay.after_backward[mb_kind] + _grads_of(replay, mb_kind)
-            else:
-                before, after = (), replay.after_weight[mb_kind]
-            found = calls_cache[(c, mb_kind, action)] = expand(replay, mb_kind, action, layers, before, after)
+            found = calls_cache[(c, mb_kind, action)] = action_calls(*chunks[c], mb_kind, action, keep_output)
         return found
 
-    workspaces_done = False
+    groups = dict(zip(("forward", "backward"), chunks[min(chunks)][0].workspace_groups))
     for iteration in (0, 1):
         if iteration == 1:
             allocator.reset_peaks()
@@ -221,10 +219,6 @@ def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions,
             c = act.chunk
             mb_kind = "first" if act.microbatch == kinds_first[c] else "later"
             if act.kind == "F":
-                if not workspaces_done:
-                    for n, size in enumerate(chunks[min(chunks)][0].workspace_sizes):
-                        rank.malloc(("workspace", n), size, COMPUTE, "persistent")
-                    workspaces_done = True
                 parts = ("forward",)
             elif act.kind in ("B",):
                 parts = ("backward",) if not chunks[c][1].replay.ops.get((mb_kind, "weight")) else ("backward", "weight")
@@ -234,6 +228,10 @@ def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions,
                 parts = ("weight",)
             for part in parts:
                 for is_alloc, key, size, stream, category in calls(c, mb_kind, part).calls:
+                    if key is WORKSPACE:
+                        for n, nbytes in enumerate(groups.pop(category, ())):
+                            rank.malloc(("workspace", category, n), nbytes, COMPUTE, "persistent")
+                        continue
                     full = (c, act.microbatch, key)
                     if is_alloc:
                         rank.malloc(full, size, stream, category)
@@ -251,6 +249,24 @@ def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions,
         for key in [k for k, (_, category) in rank.live.items() if category == GRADIENTS]:
             rank.free(key)                                          # zero_grad(set_to_none=True)
     return allocator.peak_reserved_bytes, allocator.peak_allocated_bytes, rank.oom
+
+
+def action_calls(model, profile, mb_kind: str, action: str, keep_output: bool) -> Calls:
+    """One action's memory calls for a chunk model, with what the lowering allocates before it (inputs, received
+    tensors on the receive stream) and frees after it (what the micro-batch no longer needs, sent tensors)."""
+    replay = profile.replay
+    if action == "forward":
+        before = tuple((t, COMPUTE) for t in replay.before_forward[mb_kind])
+        if replay.received[mb_kind] is not None:
+            before += ((replay.received[mb_kind], RECV),)
+        after = tuple(t for t in replay.sent[mb_kind] if not keep_output and t not in _grads_of(replay, mb_kind))
+    elif action == "backward":
+        received = replay.before_backward[mb_kind]
+        before = ((received, RECV),) if received is not None else ()
+        after = replay.after_backward[mb_kind] + _grads_of(replay, mb_kind)
+    else:
+        before, after = (), replay.after_weight[mb_kind]
+    return expand(replay, mb_kind, action, model.layers, before, after)
 
 
 def _grads_of(replay, mb_kind: str) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ checks the extrapolation against stages recorded with every layer).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -159,19 +159,32 @@ class Blocks:
     before: Segment
     layers: tuple[Segment, ...]
     after: Segment
-    recorded: int = field(default=0)
+    # Bytes the runs before and after the layers allocate minus free of the middle recorded layer's tensors (the
+    # autocast cache of the layers' weights, released at the end of a forward): every middle layer has them.
+    before_middle_bytes: int = 0
+    after_middle_bytes: int = 0
 
     def for_layers(self, count: int) -> Segment:
         """The action's Segment with `count` layers: exact when `count` is what was recorded, else (three
         recorded) the first layer, count - 2 middle ones and the last."""
         if count == len(self.layers):
-            middle = chain(self.layers)
-        elif len(self.layers) == 3 and count > 3:
+            return self.before.then(chain(self.layers)).then(self.after)
+        if len(self.layers) == 3 and count > 3:
             first, mid, last = self.layers
             middle = first.then(mid.repeated(count - 2)).then(last)
-        else:
-            raise ValueError(f"Blocks recorded with {len(self.layers)} layers cannot give {count}")
-        return self.before.then(middle).then(self.after)
+            extra = count - 3
+            return _with_more(self.before, extra * self.before_middle_bytes).then(middle).then(
+                _with_more(self.after, extra * self.after_middle_bytes))
+        raise ValueError(f"Blocks recorded with {len(self.layers)} layers cannot give {count}")
+
+
+def _with_more(segment: Segment, nbytes: int) -> Segment:
+    """`segment` allocating `nbytes` more (freeing when negative): a free at its end, an allocation at its start."""
+    if nbytes == 0:
+        return segment
+    excursion = segment.excursion_bytes + max(0, nbytes)
+    return Segment(segment.phase_s, segment.delta_bytes + nbytes, excursion, segment.collectives,
+                   segment.overlapped, segment.model_flops)
 
 
 def run_layers(ops) -> list[int]:
@@ -208,4 +221,19 @@ def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
     def part(indices) -> Segment:
         return summarize([ops[i] for i in indices], [durations[i] for i in indices], tensors)
 
-    return Blocks(part(range(first)), tuple(part(run) for run in runs), part(range(last + 1, len(ops))))
+    middle = sorted({layers[i] for i in layered})
+    middle_layer = middle[1] if len(middle) == 3 else None
+
+    def middle_bytes(indices) -> int:
+        if middle_layer is None:
+            return 0
+        prefix = f"layers.{middle_layer}."
+        total = 0
+        for i in indices:
+            total += sum(tensors[t].nbytes for t in ops[i].allocs if prefix in tensors[t].name)
+            total -= sum(tensors[t].nbytes for t in ops[i].frees if prefix in tensors[t].name)
+        return total
+
+    before, after = range(first), range(last + 1, len(ops))
+    return Blocks(part(before), tuple(part(run) for run in runs), part(after), middle_bytes(before),
+                  middle_bytes(after))
