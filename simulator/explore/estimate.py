@@ -21,10 +21,10 @@ import numpy as np
 
 from simulator.errors import MemsimError
 from simulator.explore.assemble import Caches, PlanNumbers, numbers
-from simulator.explore.pipeline import evaluate
+from simulator.explore.pipeline import SLOTS, build_structure, evaluate
 from simulator.explore.prepare import Prepared, prepare
 from simulator.explore.profiles import keeps_output
-from simulator.explore.reserved import replay_rank, replay_schedule
+from simulator.explore.reserved import Timing, replay_rank, replay_schedule
 from simulator.report.metrics import peak_flop_rate
 from simulator.scenario import Scenario
 from simulator.workload.graph import ACTIVATIONS, CATEGORIES
@@ -70,26 +70,53 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
     return results
 
 
-def _replayed(caches: Caches, numbers_: PlanNumbers, r: int) -> tuple[int, int, bool]:
-    """(peak reserved, peak allocated, out of memory) of rank r from the allocator model (reserved.py)."""
+def _replay_timing(caches: Caches, numbers_: PlanNumbers, schedule) -> list[Timing]:
+    """Per rank, when the actions of the replayed schedule run: its graph evaluated with the plan's costs."""
+    plan = numbers_.prepared.plan
+    skey = ("replay", schedule.name, tuple(schedule.ranks)) + numbers_.structure_key[2:]
+    structure = numbers_.structure if schedule is numbers_.prepared.schedule else caches.structures.get(skey)
+    if structure is None:
+        structure = caches.structures[skey] = build_structure(schedule, reduces=numbers_.structure_key[-2],
+                                                              tied=numbers_.structure_key[-1])
+    ends = evaluate(structure, numbers_.costs[None], numbers_.offsets[None])[0]
+    costs = np.concatenate([numbers_.costs, [0.0]])[structure.cost_index]
+    starts = ends - costs
+    actions_base = structure.p * structure.v * SLOTS
+    delivered: dict[int, float] = {}
+    for node in np.flatnonzero((structure.cost_index >= actions_base)
+                               & (structure.cost_index < actions_base + 2 * structure.p)):
+        producer = int(structure.preds[node, 1])
+        delivered[producer] = max(delivered.get(producer, 0.0), float(ends[node]))
+    per_rank = []
+    is_action = (structure.cost_index >= 0) & (structure.cost_index < actions_base)
+    owner = structure.cost_index // (structure.v * SLOTS)
+    period = float(ends[structure.rank_last[0]])
+    for r in range(plan.pp):
+        nodes = np.flatnonzero(is_action & (owner == r))
+        step = structure.rank_last[r]
+        per_rank.append(Timing(tuple((float(starts[n]), delivered.get(int(n), float(ends[n]))) for n in nodes),
+                               float(starts[step]), period))
+    return per_rank
+
+
+def _replayed(caches: Caches, numbers_: PlanNumbers) -> list[tuple[int, int, bool]]:
+    """Per rank (peak reserved, peak allocated, out of memory) from the allocator model (reserved.py)."""
     prepared = numbers_.prepared
     schedule = replay_schedule(prepared.schedule)
-    actions = schedule.ranks[r]
-    chunks = {c: numbers_.chunks[(r, c)] for c in range(prepared.plan.virtual_stages)}
-    firsts = {}
-    for a in actions:
-        if a.kind in ("B", "I"):
-            firsts.setdefault(a.chunk, a.microbatch)
+    timings = _replay_timing(caches, numbers_, schedule)
     allocator = prepared.scenario.allocator
-    key = (tuple(chunk[2] for _, chunk in sorted(chunks.items())), schedule.name, schedule.ranks[r],
-           prepared.cluster.allocator_capacity_bytes, prepared.cluster.allocator_kind, allocator)
-    found = caches.replays.get(key)
-    if found is None:
-        found = caches.replays[key] = replay_rank(
-            prepared.cluster.allocator_kind, allocator, prepared.cluster.allocator_capacity_bytes,
-            {c: chunk[:2] for c, chunk in chunks.items()}, actions, firsts,
-            keeps_output(prepared.recipe.framework))
-    return found
+    out = []
+    for r in range(prepared.plan.pp):
+        actions = schedule.ranks[r]
+        chunks = {c: numbers_.chunks[(r, c)] for c in range(prepared.plan.virtual_stages)}
+        firsts: dict[int, int] = {}
+        for a in actions:
+            if a.kind in ("B", "I"):
+                firsts.setdefault(a.chunk, a.microbatch)
+        out.append(replay_rank(prepared.cluster.allocator_kind, allocator, prepared.cluster.allocator_capacity_bytes,
+                               {c: chunk[:2] for c, chunk in chunks.items()}, actions, firsts,
+                               keeps_output(prepared.recipe.framework), timings[r]))
+    return out
 
 
 def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
@@ -104,7 +131,7 @@ def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
         levels = coefficients @ rows.coords.T.astype(float) + excursions[:, rows.types]
         peaks.append(levels.max(axis=1))
     return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)],
-                    [_replayed(caches, plan, r) for r in range(structure.p)])
+                    _replayed(caches, plan))
             for i, plan in enumerate(plans)]
 
 

@@ -13,6 +13,7 @@ the first forward). Long schedules are replayed with fewer micro-batches once th
 
 from __future__ import annotations
 
+import heapq
 import re
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ class Calls:
     within a micro-batch (it names the same tensor in that micro-batch's F, B and W)."""
 
     calls: tuple[tuple[bool, tuple, int, int, str], ...]
+    sent: tuple[tuple, ...] = ()     # identities the send stream frees once this action's message is delivered
 
 
 def _stream(op: Op) -> int:
@@ -64,7 +66,8 @@ def _canon(replay, ops_lists, recorded_layers: tuple[int, ...]):
     return key
 
 
-def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = (), extra_after: tuple = ()) -> Calls:
+def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = (), extra_after: tuple = (),
+           sent: tuple = ()) -> Calls:
     """The memory calls of one action of a chunk of `layers` layers, from its recording.
 
     `extra_before` / `extra_after`: tensor ids (of this micro-batch kind) allocated before / freed after the ops,
@@ -119,7 +122,7 @@ def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = ()
         k = j
     for tid in extra_after:
         out.append((False, _shifted(canon, tid, None, 0, place), 0, 0, ""))
-    return Calls(tuple(out))
+    return Calls(tuple(out), tuple(_shifted(canon, tid, None, 0, place) for tid in sent))
 
 
 def _identities(canon, tid: int, block_layer, copy: int, place, copies) -> list[tuple]:
@@ -188,8 +191,18 @@ class _Rank:
             self.allocator.free(entry[0], 0.0)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """When a rank's replayed actions run (from the schedule's graph, pipeline.py): per action (start, when its
+    message is delivered), when the optimizer step starts, and the iteration's length (seconds)."""
+
+    actions: tuple[tuple[float, float], ...]
+    step_s: float
+    period_s: float
+
+
 def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions, kinds_first: dict,
-                keep_output: bool) -> tuple[int, int, bool]:
+                keep_output: bool, timing: Timing) -> tuple[int, int, bool]:
     """Replay one rank: (peak reserved, peak allocated in the measured iteration, ran out of memory).
 
     `chunks`: chunk index -> (ChunkModel, ChunkProfile); `actions`: the rank's schedule actions (replayed);
@@ -212,22 +225,33 @@ def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions,
         return found
 
     groups = dict(zip(("forward", "backward"), chunks[min(chunks)][0].workspace_groups))
+    pending: list[tuple[float, int, tuple]] = []       # (when the send stream frees it, order, tensor)
+
+    def release(until_s: float) -> None:
+        while pending and pending[0][0] <= until_s:
+            rank.free(heapq.heappop(pending)[2])
+
+    count = 0
     for iteration in (0, 1):
         if iteration == 1:
             allocator.reset_peaks()
-        for act in actions:
+        offset = iteration * timing.period_s
+        for k, act in enumerate(actions):
+            start_s, delivered_s = timing.actions[k]
+            release(offset + start_s)
             c = act.chunk
             mb_kind = "first" if act.microbatch == kinds_first[c] else "later"
             if act.kind == "F":
                 parts = ("forward",)
-            elif act.kind in ("B",):
+            elif act.kind == "B":
                 parts = ("backward",) if not chunks[c][1].replay.ops.get((mb_kind, "weight")) else ("backward", "weight")
             elif act.kind == "I":
                 parts = ("backward",)
             else:
                 parts = ("weight",)
             for part in parts:
-                for is_alloc, key, size, stream, category in calls(c, mb_kind, part).calls:
+                made = calls(c, mb_kind, part)
+                for is_alloc, key, size, stream, category in made.calls:
                     if key is WORKSPACE:
                         for n, nbytes in enumerate(groups.pop(category, ())):
                             rank.malloc(("workspace", category, n), nbytes, COMPUTE, "persistent")
@@ -237,6 +261,10 @@ def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions,
                         rank.malloc(full, size, stream, category)
                     else:
                         rank.free(full)
+                for key in made.sent:
+                    count += 1
+                    heapq.heappush(pending, (offset + delivered_s, count, (c, act.microbatch, key)))
+        release(offset + timing.step_s)
         for c, (model, _) in sorted(chunks.items()):
             if iteration == 0:
                 for n, size in enumerate(model.state_sizes):
@@ -253,20 +281,23 @@ def replay_rank(kind: str, settings, capacity_bytes: int, chunks: dict, actions,
 
 def action_calls(model, profile, mb_kind: str, action: str, keep_output: bool) -> Calls:
     """One action's memory calls for a chunk model, with what the lowering allocates before it (inputs, received
-    tensors on the receive stream) and frees after it (what the micro-batch no longer needs, sent tensors)."""
+    tensors on the receive stream) and frees after it (what the micro-batch no longer needs); what it sends (a
+    stage output the runtime does not keep, an input gradient) is freed when the message is delivered."""
     replay = profile.replay
+    grads = _grads_of(replay, mb_kind)
     if action == "forward":
         before = tuple((t, COMPUTE) for t in replay.before_forward[mb_kind])
         if replay.received[mb_kind] is not None:
             before += ((replay.received[mb_kind], RECV),)
-        after = tuple(t for t in replay.sent[mb_kind] if not keep_output and t not in _grads_of(replay, mb_kind))
+        after = ()
+        sent = tuple(t for t in replay.sent[mb_kind] if not keep_output and t not in grads)
     elif action == "backward":
         received = replay.before_backward[mb_kind]
         before = ((received, RECV),) if received is not None else ()
-        after = replay.after_backward[mb_kind] + _grads_of(replay, mb_kind)
+        after, sent = replay.after_backward[mb_kind], grads
     else:
-        before, after = (), replay.after_weight[mb_kind]
-    return expand(replay, mb_kind, action, model.layers, before, after)
+        before, after, sent = (), replay.after_weight[mb_kind], ()
+    return expand(replay, mb_kind, action, model.layers, before, after, sent)
 
 
 def _grads_of(replay, mb_kind: str) -> tuple[int, ...]:
