@@ -33,6 +33,7 @@ class Caches:
     networks: dict = field(default_factory=dict)
     op_times: dict = field(default_factory=dict)      # device -> timed_ops' cache
     outputs: dict = field(default_factory=dict)
+    replays: dict = field(default_factory=dict)       # a rank's allocator replay (reserved.py)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -61,7 +62,8 @@ class RankNumbers:
     step_bytes: int                      # the level before the step above start_bytes (gradients)
     step_excursion: int
     compute_s: float                     # per iteration, actions and step
-    blocking_s: float                    # blocking collectives in actions and step
+    blocking_s: float                    # compute held by communication in actions and step
+    collectives_s: float                 # the blocking collectives' own seconds (without waits behind others)
     phases: dict                         # seconds per time-breakdown key
     model_flops: float
     parameters: int
@@ -78,6 +80,7 @@ class PlanNumbers:
     costs: np.ndarray
     offsets: np.ndarray
     ranks: tuple[RankNumbers, ...]
+    chunks: dict = field(default_factory=dict)     # (stage, chunk) -> (ChunkModel, ChunkProfile, cache key)
 
 
 def _kind(span, pp: int) -> str:
@@ -96,7 +99,8 @@ def _recorded(layers: int, recompute: str) -> int:
     return layers if layers <= RECORDED_LAYERS else RECORDED_LAYERS
 
 
-def _chunk(caches: Caches, prepared: Prepared, span) -> ChunkModel:
+def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkProfile, tuple]:
+    """The chunk model of a stage span, its profile and its cache key."""
     recipe = prepared.recipe
     pp = prepared.plan.pp
     kind = _kind(span, pp)
@@ -115,9 +119,10 @@ def _chunk(caches: Caches, prepared: Prepared, span) -> ChunkModel:
                  recipe.accumulation_steps)
     found = caches.chunks.get(chunk_key)
     if found is None:
-        found = caches.chunks[chunk_key] = chunk_model(
-            caches.profile(key), layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
-            prepared.device, caches.op_times.setdefault(prepared.device, {}))
+        profile = caches.profile(key)
+        found = caches.chunks[chunk_key] = (chunk_model(
+            profile, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
+            prepared.device, caches.op_times.setdefault(prepared.device, {})), profile, chunk_key)
     return found
 
 
@@ -131,11 +136,39 @@ def _stage_input(caches: Caches, prepared: Prepared, recipe) -> tuple:
     return found
 
 
-def _collectives_s(segment: Segment, groups: dict[str, tuple[int, ...]], network: NetworkCosts | None) -> float:
+def _collectives_s(segment: Segment, groups: dict, network: NetworkCosts | None) -> float:
+    """Seconds of a segment's blocking collectives: `groups` maps an axis to (the rank's group, every group of
+    the axis in its stage)."""
     if network is None or not segment.collectives:
         return 0.0
-    return sum(count * network.collective_s(kind, groups[group], nbytes)
+    return sum(count * network.collective_s(kind, groups[group][0], nbytes, groups[group][1])
                for (group, kind, nbytes), count in segment.collectives)
+
+
+def _stage_groups(plan, stage: int, axis: str) -> tuple[tuple[int, ...], ...]:
+    """The groups of `axis` among the ranks of pipeline stage `stage` (they run the same collectives together)."""
+    members = set(plan.stage_ranks(stage))
+    return tuple(g for g in plan.groups(axis) if g[0] in members)
+
+
+def _shared_stream(model: ChunkModel, durations: list[float], groups, network) -> tuple[float, float]:
+    """pp = 1 puts data-parallel reductions and blocking tensor-parallel collectives on one communication stream
+    (lower_multi.lower_data_tensor_parallel): a tensor-parallel collective waits for the reductions posted before
+    it. Returns (the synchronising backward's seconds, seconds from its start until its reductions end), walking
+    its runs (a run's collectives taken at its start)."""
+    now = free = 0.0
+    by_run: dict[int, list[float]] = {}
+    for bucket, seconds in zip(model.buckets, durations):
+        by_run.setdefault(bucket.run, []).append(seconds)
+    for k, run in enumerate(model.backward_runs):
+        waited = _collectives_s(run, groups, network)
+        if waited:
+            now = max(now, free) + waited
+            free = now
+        now += run.compute_s
+        for seconds in by_run.get(k, ()):
+            free = max(free, now) + seconds
+    return now, free
 
 
 def _reduction_tail(buckets, durations, scale: float) -> float:
@@ -147,12 +180,20 @@ def _reduction_tail(buckets, durations, scale: float) -> float:
     return end
 
 
+def _pairs(plan, src: int, dst: int) -> tuple[tuple[int, int], ...]:
+    """(rank on stage src, the rank at the same dp and tp on stage dst) for every position of the stage."""
+    return tuple((plan.rank_of(dp=d, pp=src, tp=t), plan.rank_of(dp=d, pp=dst, tp=t))
+                 for d in range(plan.dp) for t in range(plan.tp))
+
+
 def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     """The plan's cost and offset tables and per-rank numbers."""
     plan, schedule, recipe = prepared.plan, prepared.schedule, prepared.recipe
     p, v = plan.pp, plan.virtual_stages
+    pp = p
     network = caches.network(prepared.topology if prepared.multi else None)
-    chunks = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
+    found = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
+    chunks = {key: value[0] for key, value in found.items()}
     every_sync = any(c.sync_every_backward for c in chunks.values())
     reduces = plan.dp > 1 and not every_sync
     tied = p > 1 and any(c.tied_embedding_grad_bytes for c in chunks.values())
@@ -168,13 +209,14 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     reps = [plan.rank_of(dp=0, pp=s, tp=0) for s in range(p)]
     for r in range(p):
         rank = reps[r]
-        groups = {"tp": plan.group_of(rank, "tp"), "dp": plan.group_of(rank, "dp")} if prepared.multi else {}
+        groups = {axis: (plan.group_of(rank, axis), _stage_groups(plan, r, axis)) for axis in ("tp", "dp")} \
+            if prepared.multi else {}
         persistent = {c: 0 for c in CATEGORIES}
         coefficients = np.zeros(v * COORDS)
         excursions = np.zeros(v * MTYPES)
         step_bytes = 0
         step = Segment()
-        compute = blocking = reductions = flops = 0.0
+        compute = blocking = collectives = reductions = flops = 0.0
         phases: dict[str, float] = {}
         parameters = 0
         for c in range(v):
@@ -198,24 +240,33 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 excursions[kinds + M_W_FIRST] = w_first.excursion_bytes
                 excursions[kinds + M_W_LATER] = w_later.excursion_bytes
             step_bytes += coefficients[base + DONE_B] + coefficients[base + DONE_W]
-            durations = [network.collective_s(b.kind, groups["dp"], b.nbytes) for b in model.buckets] \
+            durations = [network.collective_s(b.kind, groups["dp"][0], b.nbytes, groups["dp"][1]) for b in model.buckets] \
                 if network is not None and plan.dp > 1 else [0.0] * len(model.buckets)
             reductions += sum(durations)
             by_slot = {F: fwd, B_FIRST: b_first, B_LATER: b_later, B_SYNC: b_later}
             if w_first is not None:
                 by_slot.update({W_FIRST: w_first, W_LATER: w_later, W_SYNC: w_later})
             counts = structure.action_counts[r, c]
+            shared = pp == 1 and plan.tp > 1 and plan.dp > 1 and model.buckets
+            if shared:
+                sync_s, reduced_s = _shared_stream(model, durations, groups, network)
             for slot, segment in by_slot.items():
-                waited = _collectives_s(segment, groups, network)
+                own = waited = _collectives_s(segment, groups, network)
                 extra = model.sync_extra_s if slot in (B_SYNC, W_SYNC) else 0.0
                 seconds = segment.compute_s + extra + waited
+                syncs = slot == B_SYNC or (every_sync and slot in (B_FIRST, B_LATER))
+                if shared and syncs:
+                    seconds = sync_s + (extra if slot == B_SYNC else 0.0) + (segment.compute_s - b_later.compute_s)
+                    waited = seconds - segment.compute_s - (extra if slot == B_SYNC else 0.0)
                 if every_sync and slot in (B_FIRST, B_LATER, B_SYNC):
-                    seconds = max(seconds, _reduction_tail(model.buckets, durations, 1.0))
+                    tail = reduced_s if shared else _reduction_tail(model.buckets, durations, 1.0)
+                    seconds = max(seconds, tail)
                 costs[r * v * SLOTS + c * SLOTS + slot] = seconds
                 n = int(counts[slot])
                 if n:
                     compute += n * (segment.compute_s + extra)
                     blocking += n * waited
+                    collectives += n * own
                     flops += n * segment.model_flops
                     for key, s in segment.phase_s:
                         phases[key] = phases.get(key, 0.0) + n * s
@@ -225,27 +276,32 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 if w_first is not None and b_later.compute_s + w_later.compute_s > 0:
                     scale = w_later.compute_s / (b_later.compute_s + w_later.compute_s)
                 offsets[2 * (r * v + c)] = sum(durations)
-                offsets[2 * (r * v + c) + 1] = (_reduction_tail(model.buckets, durations, scale)
-                                                - costs[r * v * SLOTS + c * SLOTS + sync_slot])
+                tail = reduced_s if shared else _reduction_tail(model.buckets, durations, scale)
+                offsets[2 * (r * v + c) + 1] = tail - costs[r * v * SLOTS + c * SLOTS + sync_slot]
             step = step.then(model.step)
         step_waited = _collectives_s(step, groups, network)
         costs[tail_base + 2 * r + 1] = step.compute_s + step_waited
         compute += step.compute_s
         blocking += step_waited
+        collectives += step_waited
         for key, s in step.phase_s:
             phases[key] = phases.get(key, 0.0) + s
         if tied and r in (0, p - 1):
             size = max(chunks[(r, c)].tied_embedding_grad_bytes for c in range(v))
-            costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size)
+            costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size,
+                                                            _pairs(plan, 0, p - 1))
         persistent["other"] += chunks[(r, 0)].workspace_bytes      # one set of cuBLAS workspaces per rank
-        # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring).
-        last_chunk = chunks[(r, v - 1)]
-        costs[transfer_base + transfer_slot("activation", r)] = network.send_s(
-            rank, reps[(r + 1) % p], last_chunk.output_bytes) if network is not None and p > 1 else 0.0
-        costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
-            rank, reps[(r - 1) % p], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes) \
-            if network is not None and p > 1 else 0.0
+        if network is not None and p > 1:
+            # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring),
+            # every (dp, tp) position of the stage sending to its own on the other.
+            last_chunk = chunks[(r, v - 1)]
+            after, before = (r + 1) % p, (r - 1) % p
+            costs[transfer_base + transfer_slot("activation", r)] = network.send_s(
+                rank, reps[after], last_chunk.output_bytes, _pairs(plan, r, after))
+            costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
+                rank, reps[before], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes,
+                _pairs(plan, r, before))
         ranks.append(RankNumbers(rank, int(sum(persistent.values())), persistent, coefficients, excursions,
-                                 int(step_bytes), int(step.excursion_bytes), compute, blocking, phases, flops,
+                                 int(step_bytes), int(step.excursion_bytes), compute, blocking, collectives, phases, flops,
                                  parameters, reductions))
-    return PlanNumbers(prepared, structure, skey, costs, offsets, tuple(ranks))
+    return PlanNumbers(prepared, structure, skey, costs, offsets, tuple(ranks), found)

@@ -21,9 +21,10 @@ import numpy as np
 
 from simulator.errors import MemsimError
 from simulator.explore.assemble import Caches, PlanNumbers, numbers
-from simulator.explore.pipeline import evaluate
+from simulator.explore.pipeline import SLOTS, build_structure, evaluate
 from simulator.explore.prepare import Prepared, prepare
-from simulator.explore.reserved import reserved_bytes
+from simulator.explore.profiles import keeps_output
+from simulator.explore.reserved import Timing, replay_rank, replay_schedule
 from simulator.report.metrics import peak_flop_rate
 from simulator.scenario import Scenario
 from simulator.workload.graph import ACTIVATIONS, CATEGORIES
@@ -64,12 +65,61 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
     for item in planned:
         groups.setdefault(item[1].structure_key, []).append(item)
     for items in groups.values():
-        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items])):
+        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches)):
             results[k] = report
     return results
 
 
-def _evaluate_group(plans: list[PlanNumbers]) -> list[dict]:
+def _replay_timing(caches: Caches, numbers_: PlanNumbers, schedule) -> list[Timing]:
+    """Per rank, when the actions of the replayed schedule run: its graph evaluated with the plan's costs."""
+    plan = numbers_.prepared.plan
+    skey = ("replay", schedule.name, tuple(schedule.ranks)) + numbers_.structure_key[2:]
+    structure = numbers_.structure if schedule is numbers_.prepared.schedule else caches.structures.get(skey)
+    if structure is None:
+        structure = caches.structures[skey] = build_structure(schedule, reduces=numbers_.structure_key[-2],
+                                                              tied=numbers_.structure_key[-1])
+    ends = evaluate(structure, numbers_.costs[None], numbers_.offsets[None])[0]
+    costs = np.concatenate([numbers_.costs, [0.0]])[structure.cost_index]
+    starts = ends - costs
+    actions_base = structure.p * structure.v * SLOTS
+    delivered: dict[int, float] = {}
+    for node in np.flatnonzero((structure.cost_index >= actions_base)
+                               & (structure.cost_index < actions_base + 2 * structure.p)):
+        producer = int(structure.preds[node, 1])
+        delivered[producer] = max(delivered.get(producer, 0.0), float(ends[node]))
+    per_rank = []
+    is_action = (structure.cost_index >= 0) & (structure.cost_index < actions_base)
+    owner = structure.cost_index // (structure.v * SLOTS)
+    period = float(ends[structure.rank_last[0]])
+    for r in range(plan.pp):
+        nodes = np.flatnonzero(is_action & (owner == r))
+        step = structure.rank_last[r]
+        per_rank.append(Timing(tuple((float(starts[n]), delivered.get(int(n), float(ends[n]))) for n in nodes),
+                               float(starts[step]), period))
+    return per_rank
+
+
+def _replayed(caches: Caches, numbers_: PlanNumbers) -> list[tuple[int, int, bool]]:
+    """Per rank (peak reserved, peak allocated, out of memory) from the allocator model (reserved.py)."""
+    prepared = numbers_.prepared
+    schedule = replay_schedule(prepared.schedule)
+    timings = _replay_timing(caches, numbers_, schedule)
+    allocator = prepared.scenario.allocator
+    out = []
+    for r in range(prepared.plan.pp):
+        actions = schedule.ranks[r]
+        chunks = {c: numbers_.chunks[(r, c)] for c in range(prepared.plan.virtual_stages)}
+        firsts: dict[int, int] = {}
+        for a in actions:
+            if a.kind in ("B", "I"):
+                firsts.setdefault(a.chunk, a.microbatch)
+        out.append(replay_rank(prepared.cluster.allocator_kind, allocator, prepared.cluster.allocator_capacity_bytes,
+                               {c: chunk[:2] for c, chunk in chunks.items()}, actions, firsts,
+                               keeps_output(prepared.recipe.framework), timings[r]))
+    return out
+
+
+def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
     """Reports of plans that share one structure."""
     structure = plans[0].structure
     ends = evaluate(structure, np.stack([p.costs for p in plans]), np.stack([p.offsets for p in plans]))
@@ -80,11 +130,12 @@ def _evaluate_group(plans: list[PlanNumbers]) -> list[dict]:
         excursions = np.stack([p.ranks[r].excursions for p in plans])            # (plans, types)
         levels = coefficients @ rows.coords.T.astype(float) + excursions[:, rows.types]
         peaks.append(levels.max(axis=1))
-    return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)])
+    return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)],
+                    _replayed(caches, plan))
             for i, plan in enumerate(plans)]
 
 
-def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float]) -> dict:
+def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], replayed: list) -> dict:
     prepared: Prepared = numbers_.prepared
     structure = numbers_.structure
     scenario, plan, recipe, device, cluster = (prepared.scenario, prepared.plan, prepared.recipe, prepared.device,
@@ -101,13 +152,13 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float]) 
         flush_s = float(ends[structure.rank_flush[r]] - ends[structure.rank_compute_end[r]])
         tied_s = float(numbers_.costs[transfer_base + 2 * structure.p + 2 * r]) if structure.tied_node[r] >= 0 else 0.0
         exposed = rank.blocking_s + recv_s + flush_s + tied_s
-        total = rank.blocking_s + recv_s + send_s + rank.reductions_s + tied_s
+        total = rank.collectives_s + recv_s + send_s + rank.reductions_s + tied_s
         idle = max(0.0, iteration - rank.compute_s - exposed)
         peak_allocated = max(rank.start_bytes + action_peaks[r],
                              rank.start_bytes + rank.step_bytes + rank.step_excursion, rank.start_bytes)
-        peak_reserved = reserved_bytes(prepared, rank, peak_allocated)
+        peak_reserved, _, oom = replayed[r]
+        peak_reserved = max(int(peak_reserved), int(peak_allocated))
         capacity = int(device.memory_bytes)
-        oom = peak_reserved > cluster.allocator_capacity_bytes
         breakdown = {c: int(rank.persistent.get(c, 0)) for c in CATEGORIES}
         breakdown[ACTIVATIONS] += int(peak_allocated - rank.start_bytes)
         ranks.append({

@@ -96,6 +96,23 @@ class ChunkProfile:
     tied_embedding_grad_bytes: int
     output: tuple[tuple[int, ...], str]
     grad_shard_bytes: int = 0
+    replay: "ReplayOps | None" = None
+
+
+@dataclass(frozen=True)
+class ReplayOps:
+    """The recorded ops themselves, for replaying their memory calls through the allocator model (reserved.py):
+    per micro-batch kind ("first": the one whose backward runs first, "later": another), its F, B (I) and W ops
+    and the tensors allocated before and freed after them, with every Tensor."""
+
+    tensors: dict
+    ops: dict                 # (kind, action) -> tuple of Op, action in forward | backward | weight
+    before_forward: dict      # kind -> tensor ids allocated before F (inputs; the received stage input on recv)
+    received: dict            # kind -> the received stage input's id (None on the first stage)
+    before_backward: dict     # kind -> the received output gradient's id (None on the last stage)
+    after_backward: dict      # kind -> ids freed after B / I
+    after_weight: dict        # kind -> ids freed after W
+    sent: dict                # kind -> ids the send stream frees once sent (stage output, input gradient)
 
 
 def _layer_of(name: str) -> int | None:
@@ -167,6 +184,7 @@ def record(key: ProfileKey, cache: dict | None = None) -> ChunkProfile:
     params, buffers = _persistent(tensors, workload.persistent)
     backward_first = first.backward if key.split else first.backward + first.weight
     backward_later = later.backward if key.split else later.backward + later.weight
+    replay = _stage_replay(workload, key, first, later)
     return ChunkProfile(
         key=key,
         forward=_blocks(first.forward, tensors, device, cache),
@@ -180,7 +198,7 @@ def record(key: ProfileKey, cache: dict | None = None) -> ChunkProfile:
         input_grad_bytes=size[first.input_grad] if first.input_grad is not None else 0,
         output_bytes=first.output_bytes, params=params, buffers=buffers,
         tied_embedding_grad_bytes=int(workload.meta.get("tied_embedding_grad_bytes", 0)),
-        output=(tuple(workload.output_shape), workload.output_dtype))
+        output=(tuple(workload.output_shape), workload.output_dtype), replay=replay)
 
 
 def _record_whole(key: ProfileKey, cache: dict) -> ChunkProfile:
@@ -191,9 +209,8 @@ def _record_whole(key: ProfileKey, cache: dict) -> ChunkProfile:
     tensors, device = workload.tensors, key.device
     first_f, first_b = _split_at_seed(workload.first_microbatch)
     later_ops = workload.later_microbatch or workload.first_microbatch
-    later_f, later_b = _split_at_seed(later_ops)
+    later_fw, later_b = _split_at_seed(later_ops)
     inputs = sum(tensors[t].nbytes for t in workload.microbatch_inputs)
-    del later_f
     plain = workload
     if key.recipe.dp > 1:
         # ZeRO-3 replaces the parameters by shards: the parameter list is the model's, before data parallelism.
@@ -206,7 +223,39 @@ def _record_whole(key: ProfileKey, cache: dict) -> ChunkProfile:
         backward_later=_blocks(later_b, tensors, device, cache), weight_first=None, weight_later=None,
         before_forward_bytes=inputs, before_backward_bytes=0, after_backward_bytes=inputs, after_weight_bytes=0,
         sent_output_bytes=0, input_grad_bytes=0, output_bytes=0, params=params, buffers=buffers,
-        tied_embedding_grad_bytes=0, output=((), ""), grad_shard_bytes=shard)
+        tied_embedding_grad_bytes=0, output=((), ""), grad_shard_bytes=shard,
+        replay=ReplayOps(tensors, {("first", "forward"): tuple(first_f), ("first", "backward"): tuple(first_b),
+                                   ("later", "forward"): tuple(later_fw), ("later", "backward"): tuple(later_b)},
+                         {k: tuple(workload.microbatch_inputs) for k in KINDS}, {k: None for k in KINDS},
+                         {k: None for k in KINDS}, {k: tuple(workload.microbatch_inputs) for k in KINDS},
+                         {k: () for k in KINDS}, {k: () for k in KINDS}))
+
+
+KINDS = ("first", "later")
+
+
+def _stage_replay(workload, key: ProfileKey, first, later) -> ReplayOps:
+    """ReplayOps of a stage recording: micro-batch 0 (first backward) and the last one (recorded on its own tape,
+    or a copy resolved to its own ids)."""
+    ops, before, received, grad_in, after_b, after_w, sent = {}, {}, {}, {}, {}, {}, {}
+    for kind, mb in (("first", first), ("later", later)):
+        ops[(kind, "forward")] = tuple(mb.forward)
+        ops[(kind, "backward")] = tuple(mb.backward if key.split else mb.backward + mb.weight)
+        ops[(kind, "weight")] = tuple(mb.weight) if key.split else ()
+        before[kind] = tuple(mb.inputs)
+        received[kind] = mb.stage_input
+        grad_in[kind] = mb.grad_output
+        done = tuple(mb.inputs) + ((mb.stage_input,) if mb.stage_input is not None else ())
+        held: tuple[int, ...] = ()
+        if key.split:
+            late = set(done) if workload.meta.get("weight_split") == RETAIN_GRAPH else {
+                t for op in mb.weight for t in op.inputs + op.outputs + op.allocs + op.frees}
+            held = tuple(t for t in done if t in late)
+            done = tuple(t for t in done if t not in late)
+        after_b[kind] = done + ((mb.output,) if mb.output is not None else ())
+        after_w[kind] = held
+        sent[kind] = tuple(t for t in (mb.sent_output, mb.input_grad) if t is not None)
+    return ReplayOps(workload.tensors, ops, before, received, grad_in, after_b, after_w, sent)
 
 
 def keeps_output(framework: str) -> bool:

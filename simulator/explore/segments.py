@@ -12,7 +12,7 @@ checks the extrapolation against stages recorded with every layer).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -159,33 +159,52 @@ class Blocks:
     before: Segment
     layers: tuple[Segment, ...]
     after: Segment
-    recorded: int = field(default=0)
+    # Bytes the runs before and after the layers allocate minus free of the middle recorded layer's tensors (the
+    # autocast cache of the layers' weights, released at the end of a forward): every middle layer has them.
+    before_middle_bytes: int = 0
+    after_middle_bytes: int = 0
 
     def for_layers(self, count: int) -> Segment:
         """The action's Segment with `count` layers: exact when `count` is what was recorded, else (three
         recorded) the first layer, count - 2 middle ones and the last."""
         if count == len(self.layers):
-            middle = chain(self.layers)
-        elif len(self.layers) == 3 and count > 3:
+            return self.before.then(chain(self.layers)).then(self.after)
+        if len(self.layers) == 3 and count > 3:
             first, mid, last = self.layers
             middle = first.then(mid.repeated(count - 2)).then(last)
+            extra = count - 3
+            return _with_more(self.before, extra * self.before_middle_bytes).then(middle).then(
+                _with_more(self.after, extra * self.after_middle_bytes))
+        raise ValueError(f"Blocks recorded with {len(self.layers)} layers cannot give {count}")
+
+
+def _with_more(segment: Segment, nbytes: int) -> Segment:
+    """`segment` allocating `nbytes` more (freeing when negative): a free at its end, an allocation at its start."""
+    if nbytes == 0:
+        return segment
+    excursion = segment.excursion_bytes + max(0, nbytes)
+    return Segment(segment.phase_s, segment.delta_bytes + nbytes, excursion, segment.collectives,
+                   segment.overlapped, segment.model_flops)
+
+
+def run_layers(ops) -> list[int]:
+    """The layer whose run each op belongs to. A ZeRO-3 gather is posted before the op that starts the module
+    before the one it gathers for (it prefetches): it belongs with the op that follows it, so that every middle
+    layer's run holds one gather, as the modules of a stage repeat."""
+    layers = [-2 if op.op_class == COLLECTIVE and op.group == "dp" else op.layer for op in ops]
+    following = -1
+    for k in range(len(layers) - 1, -1, -1):
+        if layers[k] == -2:
+            layers[k] = following
         else:
-            raise ValueError(f"Blocks recorded with {len(self.layers)} layers cannot give {count}")
-        return self.before.then(middle).then(self.after)
-
-
-def _layer(op: Op) -> int:
-    """The layer whose run an op belongs to: a ZeRO-3 gather is posted while the previous module runs (it
-    prefetches the next one's parameters), so it goes with the run it sits in."""
-    if op.op_class == COLLECTIVE and op.group == "dp":
-        return -1
-    return op.layer
+            following = layers[k]
+    return layers
 
 
 def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor]) -> Blocks:
     """Cut an action's ops into the runs before the layers, per layer, and after (ops of no layer between two
     layers' ops go with the run they follow)."""
-    layers = [_layer(op) for op in ops]
+    layers = run_layers(ops)
     layered = [i for i, layer in enumerate(layers) if layer >= 0]
     if not layered:
         return Blocks(summarize(ops, durations, tensors), (), Segment())
@@ -202,4 +221,19 @@ def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
     def part(indices) -> Segment:
         return summarize([ops[i] for i in indices], [durations[i] for i in indices], tensors)
 
-    return Blocks(part(range(first)), tuple(part(run) for run in runs), part(range(last + 1, len(ops))))
+    middle = sorted({layers[i] for i in layered})
+    middle_layer = middle[1] if len(middle) == 3 else None
+
+    def middle_bytes(indices) -> int:
+        if middle_layer is None:
+            return 0
+        prefix = f"layers.{middle_layer}."
+        total = 0
+        for i in indices:
+            total += sum(tensors[t].nbytes for t in ops[i].allocs if prefix in tensors[t].name)
+            total -= sum(tensors[t].nbytes for t in ops[i].frees if prefix in tensors[t].name)
+        return total
+
+    before, after = range(first), range(last + 1, len(ops))
+    return Blocks(part(before), tuple(part(run) for run in runs), part(after), middle_bytes(before),
+                  middle_bytes(after))

@@ -28,12 +28,14 @@ from simulator.explore.segments import Segment, summarize
 
 @dataclass(frozen=True)
 class Bucket:
-    """A gradient bucket reduced during the synchronising backward: collective, bytes, and seconds of that
-    backward's compute from its start to when the bucket's last gradient has landed."""
+    """A gradient bucket reduced during the synchronising backward: collective, bytes, seconds of that
+    backward's compute from its start to when the bucket's last gradient has landed, and after which of its
+    runs (ChunkModel.backward_runs) that is."""
 
     kind: str
     nbytes: int
     ready_s: float
+    run: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ class ChunkModel:
     output_bytes: int
     input_grad_bytes: int
     tied_embedding_grad_bytes: int
+    setup_sizes: tuple[int, ...] = ()         # persistent tensors allocated at set-up, in order (reserved.py)
+    state_sizes: tuple[int, ...] = ()         # optimizer states, allocated at the first step
+    workspace_groups: tuple[tuple[int, ...], ...] = ()   # cuBLAS workspaces: the forward handle's, the backward's
+    step_calls: tuple[tuple[bool, int, int], ...] = ()   # the step's (allocate?, tensor id, bytes)
+    backward_runs: tuple[Segment, ...] = ()   # the synchronising backward's runs (backward_runs())
 
 
 def _params_for(profile: ChunkProfile, layers: int) -> list[ParamSpec]:
@@ -103,6 +110,16 @@ def _first_index(params: tuple[ParamSpec, ...]) -> int:
     return next((k for k, p in enumerate(params) if p.layer is not None), len(params))
 
 
+def _buffer_sizes(profile: ChunkProfile, layers: int) -> list[tuple[str, int]]:
+    """(category, bytes) of each persistent buffer of the chunk with `layers` layers (the middle layer's repeated)."""
+    recorded = sorted({layer for _, _, layer in profile.buffers if layer is not None})
+    scale = {layer: 1 for layer in recorded}
+    if recorded and layers != len(recorded):
+        scale[recorded[1]] = layers - 2
+    return [(category, nbytes) for category, nbytes, layer in profile.buffers
+            for _ in range(scale.get(layer, 1) if layer is not None else 1)]
+
+
 def _buffer_bytes(profile: ChunkProfile, layers: int) -> dict[str, int]:
     recorded = sorted({layer for _, _, layer in profile.buffers if layer is not None})
     scale = {layer: 1 for layer in recorded}
@@ -119,33 +136,26 @@ def _copy(nbytes: int, dtype: str) -> Op:
     return Op("dp.copy", COPY, BACKWARD_INPUT, bytes_read=nbytes, bytes_written=nbytes, dtype=dtype)
 
 
-def _landing_s(backward: Segment, profile: ChunkProfile, layers: int, params: list[ParamSpec]) -> list[float]:
-    """Seconds of the synchronising backward's compute until each parameter's gradient has landed: a layer's at
-    the end of that layer's backward, the head's after the ops before the layers, the embedding's at the end."""
+def backward_runs(profile: ChunkProfile, layers: int) -> list[Segment]:
+    """The synchronising backward's runs in order: the ops before the layers (the head), each layer (the chunk's
+    last first), the ops after (the embedding)."""
     blocks = profile.backward_later
-    head = blocks.before.compute_s
     if layers == len(blocks.layers):
-        per_block = [b.compute_s for b in blocks.layers]
+        per_layer = list(blocks.layers)
     else:
-        first, mid, last = (b.compute_s for b in blocks.layers)
-        per_block = [first] + [mid] * (layers - 2) + [last]
-    ends = []
-    total = head
-    for seconds in per_block:          # backward order: the chunk's last layer first
-        total += seconds
-        ends.append(total)
+        first, mid, last = blocks.layers
+        per_layer = [first] + [mid] * (layers - 2) + [last]
+    return [blocks.before] + per_layer + [blocks.after]
+
+
+def _landing_run(params: list[ParamSpec], layers: int) -> list[int]:
+    """The run of backward_runs after which each parameter's gradient has landed: a layer's at the end of that
+    layer's backward, the head's after the ops before the layers, the embedding's at the end."""
     layered = sorted({p.layer for p in params if p.layer is not None})
-    position = {layer: len(layered) - 1 - k for k, layer in enumerate(layered)}
+    position = {layer: len(layered) - k for k, layer in enumerate(layered)}
     before = _first_index(tuple(params))
-    out = []
-    for k, p in enumerate(params):
-        if p.layer is not None:
-            out.append(ends[position[p.layer]])
-        elif k < before:
-            out.append(backward.compute_s)          # embedding: the end of the backward
-        else:
-            out.append(head)                        # final norm, head: before the layers
-    return out
+    return [position[p.layer] if p.layer is not None else layers + 1 if k < before else 0
+            for k, p in enumerate(params)]
 
 
 def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bucket_size_bytes: int,
@@ -172,6 +182,7 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
 
     backward_first, backward_later = backward(profile.backward_first), backward(profile.backward_later)
     params = _params_for(profile, layers)
+    sync_runs = backward_runs(profile, layers)
     ids = IdSource(1)
     tensors: dict[int, Tensor] = {}
     refs = [SimpleNamespace(shape=p.shape, dtype=p.dtype) for p in params]
@@ -209,14 +220,18 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
         if zero_stage == 3:
             param_bytes = sum(shard_numel(numel(p.shape), dp) * DTYPE_BYTES[p.dtype] for p in params)
         sync_every = setup.sync_every_microbatch
-        landing = _landing_s(backward_later, profile, layers, params)
+        landing = _landing_run(params, layers)
+        ends = []
+        elapsed = 0.0
+        for run in sync_runs:
+            elapsed += run.compute_s
+            ends.append(elapsed)
         order = {info.id: k for k, info in enumerate(infos)}
-        ready = [max(landing[order[pid]] for pid in bucket.param_ids) for bucket in sync.plan.buckets]
-        running = 0.0
+        running = 0
         out = []
-        for bucket, seconds in zip(sync.plan.buckets, ready):
-            running = max(running, seconds)
-            out.append(Bucket(setup.reduction, bucket.nbytes, running))
+        for bucket in sync.plan.buckets:
+            running = max(running, max(landing[order[pid]] for pid in bucket.param_ids))
+            out.append(Bucket(setup.reduction, bucket.nbytes, ends[running], running))
         buckets = tuple(out)
         if setup.buffers == "per_bucket" and not recorded_dp:
             copies = [_copy(numel(p.shape) * DTYPE_BYTES[dts.grad], dts.grad) for p in params]
@@ -235,6 +250,16 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
     persistent[GRADIENTS] += sum(tensors[t].nbytes for t in state_ids if tensors[t].category == GRADIENTS)
     runs = timed_ops(step_ops, tensors, device, 0, cache)
     step = summarize([r.op for r in runs], [r.duration_s for r in runs], tensors)
+    if dp > 1 and zero_stage == 3:
+        param_sizes = [shard_numel(numel(p.shape), dp) * DTYPE_BYTES[p.dtype] for p in params]
+    else:
+        param_sizes = [numel(p.shape) * DTYPE_BYTES[p.dtype] for p in params]
+    setup = param_sizes + [nbytes for _, nbytes in _buffer_sizes(profile, layers)]
+    setup += [tensors[t].nbytes for t in states.persistent]
+    if dp > 1:
+        setup += [tensors[t].nbytes for t in sync.plan.bucket_buffers]
+    step_calls = tuple(call for op in step_ops for call in [(True, t, tensors[t].nbytes) for t in op.allocs]
+                       + [(False, t, 0) for t in op.frees])
     return ChunkModel(
         layers=layers, forward=forward, backward_first=backward_first, backward_later=backward_later,
         weight_first=weight(profile.weight_first), weight_later=weight(profile.weight_later),
@@ -242,4 +267,7 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
         persistent=tuple(sorted(persistent.items())), workspace_bytes=workspace_bytes,
         grad_shard_bytes=grad_shard_bytes, step=step, parameter_count=parameter_count,
         output_bytes=profile.output_bytes, input_grad_bytes=profile.input_grad_bytes,
-        tied_embedding_grad_bytes=profile.tied_embedding_grad_bytes)
+        tied_embedding_grad_bytes=profile.tied_embedding_grad_bytes, setup_sizes=tuple(setup),
+        state_sizes=tuple(tensors[t].nbytes for t in state_ids),
+        workspace_groups=tuple(tuple(tensors[t].nbytes for t in group) for group in states.workspaces),
+        step_calls=step_calls, backward_runs=tuple(sync_runs))
