@@ -17,7 +17,7 @@ from simulator.explore.table import outcome_of
 from simulator.scenario import load_scenario
 from tests.tiny_scenarios import tiny_gpt
 
-TINY = tiny_gpt("compare-tiny", 4, 16) + "\n[run]\nwarmup_iterations = 0\n"
+TINY = tiny_gpt("compare-tiny", 2, 4) + "\n[run]\nwarmup_iterations = 0\n"
 
 
 def _compare(*args: str):
