@@ -38,6 +38,7 @@ class Executor(Protocol):
 
     description: str
     workers: int
+    in_process: bool          # whether fn runs in this process
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]: ...
 
@@ -107,6 +108,7 @@ class InlineExecutor:
 
     description = "local:1 (in this process)"
     workers = 1
+    in_process = True
 
     def map(self, fn, items):
         return [fn(item) for item in items]
@@ -126,6 +128,8 @@ def _ignore_interrupts() -> None:
 
 class ProcessExecutor:
     """A pool of worker processes on this machine (`local:N`)."""
+
+    in_process = False
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -183,6 +187,8 @@ class ProcessExecutor:
 
 class DaskExecutor:
     """Tasks on a dask.distributed cluster: a LocalCluster it starts (`dask-local:N`) or a scheduler (`dask://`)."""
+
+    in_process = False
 
     def __init__(self, client, cluster, description: str, workers: int) -> None:
         self._client, self._cluster = client, cluster

@@ -163,7 +163,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | os.PathLike, executor, *, resume: 
     try:
         if progress is not None:
             progress.start("simulating" if not spec.fast else "estimating", len(valid), completed=resumed)
-        memory_workers = None if executor.workers == 1 and "dask" not in executor.description else 0
+        # points run in this process may fork the engine's memory workers; pool and Dask workers do not
+        memory_workers = None if executor.in_process else 0
         for position, outcome in _evaluate(spec, valid, pending, executor, memory_workers):
             point = pending[position]
             journal.append(point.index, point.label, outcome)
