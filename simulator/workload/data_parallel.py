@@ -484,10 +484,11 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
     `workload` is an IterationWorkload or a pipeline StageWorkload (its `optimizer` and
     `optimizer_state_ids` are replaced); `total` = the elements of the parameters it updates.
     """
-    old_temps = [t for op in workload.optimizer for t in op.allocs]
+    # The loss scaler's unscale op stays (and keeps its temporaries); the per-parameter step's go.
+    kept = [op for op in workload.optimizer if op.name.startswith("grad_scaler.")]
+    old_temps = [t for op in workload.optimizer if not op.name.startswith("grad_scaler.") for t in op.allocs]
     for tid in list(workload.optimizer_state_ids) + old_temps:
         tensors.pop(tid, None)
-    kept = [op for op in workload.optimizer if op.name.startswith("grad_scaler.")]
     master_dtype = setup.master_dtype or setup.param_dtype
     grad_dtype = tensors[grad_shard].dtype if grad_shard is not None else None
     flat = MasterParam("zero.shard", (shard,), shard, master_dtype, grad_dtype or master_dtype)
