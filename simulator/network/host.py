@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from simulator.errors import TopologyError
 
 if TYPE_CHECKING:
+    from simulator.network.collectives import CollectiveSchedule
     from simulator.network.spec import HostSpec
     from simulator.network.topology import Topology
 
@@ -88,3 +89,39 @@ def host_spec(topology: Topology) -> HostSpec:
         raise TopologyError(f"topology {topology.name}: no [host] table: offloading the optimizer step needs the "
                             f"CPU's rates (host.cpu_adam_elements_per_s, host.cpu_stream_bytes_per_s)")
     return host
+
+
+def transfer_schedule(topology: Topology, gpu: int, route: str, size_bytes: float,
+                      cap_bytes_per_s: float | None = None) -> CollectiveSchedule:
+    """An offload Transfer of GPU `gpu`'s rank as one phase of flows (program.Transfer names the routes).
+
+    d2h / h2d: one flow between the GPU and its host memory; nvme_write / nvme_read: the bytes striped evenly over
+    the server's drives, one flow per drive to or from the GPU's host memory (ZeRO-Infinity's swap buffers are in
+    pinned host memory); host: one flow of DRAM traffic from the CPU end to the memory, capped at the CPU's rate.
+    The phase waits the longest route latency, then its flows start together.
+
+    Raises:
+        TopologyError: a route the topology cannot serve (no host memory, no drive).
+    """
+    from simulator.network.collectives import CollectiveSchedule, Phase
+    from simulator.network.flows import Flow
+
+    memory = host_memory_of_gpu(topology, gpu)
+    size = float(size_bytes)
+    if route in ("d2h", "h2d"):
+        ends = [(gpu, memory) if route == "d2h" else (memory, gpu)]
+    elif route == "host":
+        ends = [(host_cpu_of_gpu(topology, gpu), memory)]
+    elif route in ("nvme_read", "nvme_write"):
+        drives = drives_of_node(topology, topology.node_of_gpu(gpu))
+        if not drives:
+            raise TopologyError(f"topology {topology.name}: no nvme drive for {route} (NVMe offload needs drives)")
+        ends = [(drive, memory) if route == "nvme_read" else (memory, drive) for drive in drives]
+        size /= len(drives)
+    else:
+        raise TopologyError(f"transfer route {route!r}: must be d2h, h2d, nvme_read, nvme_write or host")
+    cap = None if cap_bytes_per_s is None else float(cap_bytes_per_s)
+    flows = tuple(Flow(src, dst, size, cap) for src, dst in ends) if size > 0 else ()
+    latency = max(topology.route_latency_s(src, dst) for src, dst in ends)
+    return CollectiveSchedule(route, (gpu,), float(size_bytes), "direct", "simple",
+                              (Phase(flows, latency),) if flows else ())
