@@ -1,0 +1,23 @@
+"""Apply a rank's offload options to its iteration workload: optimizer (ZeRO-Offload), parameters, activations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simulator.offload.optimizer import offload_optimizer
+from simulator.offload.state import HostState, OffloadConfig
+
+
+def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids):
+    """`workload` (an IterationWorkload, after data parallelism) with `config`'s offloading and its HostState.
+
+    Args:
+        workload: the rank's workload.
+        config: what is offloaded, with the rank's host rates.
+        largest_param_numel: elements of the largest parameter the rank holds.
+        ids: the workload's tensor IdSource.
+    """
+    host = HostState()
+    if config.optimizer == "cpu":
+        workload = offload_optimizer(workload, config, largest_param_numel, ids, host)
+    return replace(workload, host=host)
