@@ -8,7 +8,7 @@ from simulator.offload.optimizer import offload_optimizer
 from simulator.offload.state import HostState, OffloadConfig
 
 
-def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids):
+def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids, saver=None):
     """`workload` (an IterationWorkload, after data parallelism) with `config`'s offloading and its HostState.
 
     Args:
@@ -16,8 +16,11 @@ def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids
         config: what is offloaded, with the rank's host rates.
         largest_param_numel: elements of the largest parameter the rank holds.
         ids: the workload's tensor IdSource.
+        saver: the save_on_cpu hooks its tapes were replayed with (offload/activations.py), or None.
     """
     host = HostState()
+    if saver is not None:
+        host.tensors.update(saver.host_tensors)
     if config.optimizer == "cpu":
         workload = offload_optimizer(workload, config, largest_param_numel, ids, host)
     return replace(workload, host=host)

@@ -41,6 +41,18 @@ def check_offload(scenario: Scenario, accumulation_steps: int) -> None:
     if p.pp > 1:
         fail(f"parallel.pp = {p.pp}: offload is simulated for pp = 1 (parallel.offload_* with pipeline stages "
              f"is not); allowed with offload: pp = 1")
+    if p.offload_activations == "cpu":
+        key = "parallel.offload_activations = 'cpu'"
+        if t.framework == "megatron":
+            fail(f"{key} with training.framework = 'megatron': Megatron's activation offload (TransformerEngine's "
+                 f"cpu_offload, layer by layer on copy streams) is not simulated; torch and deepspeed use torch's "
+                 f"save_on_cpu(pin_memory=True)")
+        if t.recompute != "none":
+            fail(f"{key} with training.recompute = {t.recompute!r}: save_on_cpu around checkpointed regions is not "
+                 f"simulated; allowed with activation offload: recompute = 'none'")
+        if t.activation_compression != "none":
+            fail(f"{key} with training.activation_compression = {t.activation_compression!r}: the two are "
+                 f"exclusive (each replaces the saved tensors); allowed: one of them")
     if p.offload_optimizer == "none":
         return
     key = f"parallel.offload_optimizer = {p.offload_optimizer!r}"
