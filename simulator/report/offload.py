@@ -17,16 +17,17 @@ def host_outcomes(programs, trace) -> list:
             for program, rank_trace in zip(programs, trace.ranks)]
 
 
-def node_host_memory(plan, programs, outcomes, topology, full: bool) -> list[dict]:
+def node_host_memory(plan, programs, outcomes, topology, full: bool, capacity: int | None = None) -> list[dict]:
     """Per node: the host memory its ranks need together at most, the node's capacity, whether it fits.
 
     Under the symmetry reduction a rank not simulated runs its stage representative's program at the same times, so
     a node's level is the sum of its ranks' representatives' levels (exact where the reduction applies); with
-    `full` every rank is its own.
+    `full` every rank is its own. `capacity`: the node's host memory (None: the topology's).
     """
     from simulator.network.host import host_capacity_bytes
 
-    capacity = host_capacity_bytes(topology)
+    if capacity is None:
+        capacity = host_capacity_bytes(topology)
     by_rank = {program.rank: k for k, program in enumerate(programs)}
     per_node = topology.gpus_per_node
     nodes = []
@@ -60,7 +61,8 @@ class OffloadSummary:
 
     def __init__(self, scenario, cluster, plan, programs, trace, full: bool):
         self.outcomes = {program.rank: outcome for program, outcome in zip(programs, host_outcomes(programs, trace))}
-        self.nodes = node_host_memory(plan, programs, list(self.outcomes.values()), cluster.topology, full)
+        self.nodes = node_host_memory(plan, programs, list(self.outcomes.values()), cluster.topology, full,
+                                      scenario.cluster.host_memory)
         run = scenario.run
         self.bytes = route_bytes(trace.ranks[0], run.warmup_iterations, run.iterations)
         self.capacity = self.nodes[0]["capacity_bytes"] if self.nodes else None
