@@ -13,6 +13,7 @@ from simulator.cli import app
 from simulator.errors import MemsimError
 from simulator.network.topology import topology_dir
 from simulator.offload.host_memory import pinned_block_bytes
+from simulator.offload.zero3 import fetch_distance, sub_groups
 
 
 def tiny(parallel: dict, training: dict | None = None, topology: str = "workstation-rtx4090",
@@ -130,11 +131,72 @@ def test_same_scenario_same_report():
     assert json.dumps(run(data), sort_keys=True) == json.dumps(run(data), sort_keys=True)
 
 
+def test_zero3_offload_moves_each_parameter_as_deepspeed_stage3_does():
+    base = run(tiny({"zero_stage": 3, "offload_optimizer": "cpu"}, DEEPSPEED))
+    params = base["ranks"][0]["parameters"]
+    moved = base["offload"]
+    assert moved["d2h_bytes"] == 8 * params          # into the host gradient buffer, then into the fp32 gradient
+    assert moved["h2d_bytes"] == (4 + 2) * params    # the buffer back to the GPU; the updated fp16 partition
+    assert moved["host_dram_bytes"] == 42 * params
+    nvme = run(tiny({"zero_stage": 3, "offload_optimizer": "nvme"}, DEEPSPEED))["offload"]
+    assert nvme["nvme_read_bytes"] == 16 * params    # master, moments and gradient swapped in for the step
+    assert nvme["nvme_write_bytes"] == (4 + 12) * params    # gradients swapped out; master and moments written back
+    cpu_params = run(tiny({"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"}, DEEPSPEED))
+    fetched = cpu_params["offload"]["h2d_bytes"] - 4 * params      # no fp16 copy after the step: fetches instead
+    assert fetched > 2 * params                       # every segment fetched for its forward and its backward
+    nvme_params = run(tiny({"zero_stage": 3, "offload_optimizer": "nvme", "offload_params": "nvme"}, DEEPSPEED))
+    assert nvme_params["offload"]["nvme_read_bytes"] == 16 * params + fetched
+    assert nvme_params["offload"]["nvme_write_bytes"] == (4 + 12 + 2) * params
+    assert nvme_params["ranks"][0]["nvme_peak_bytes"] == (16 + 2) * params
+    gpu = run(tiny({"zero_stage": 3}, DEEPSPEED, layers=8))["ranks"][0]["category_peaks"]["parameters"]
+    offloaded = {"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"}
+    one_at_a_time = run(tiny({**offloaded, "prefetch_bucket_size": 0}, DEEPSPEED, layers=8))
+    assert one_at_a_time["ranks"][0]["category_peaks"]["parameters"] < gpu / 2    # the shards live on the host
+    deep = run(tiny(offloaded, DEEPSPEED, layers=8))                  # 50 M elements: every segment fetched ahead
+    assert deep["ranks"][0]["category_peaks"]["parameters"] > gpu
+
+
+def test_sub_groups_and_the_prefetch_distance():
+    assert sub_groups(2_500_000_000) == [10**9, 10**9, 500_000_000] and sub_groups(10) == [10]
+    numels = [40, 40, 40, 40]
+    assert [fetch_distance(numels, j, 0) for j in range(4)] == [0, 0, 0, 0]
+    assert [fetch_distance(numels, j, 50) for j in range(4)] == [0, 1, 2, 2]     # one segment of 40 < 50 in between
+    assert [fetch_distance(numels, j, 10**9) for j in range(4)] == [0, 1, 2, 3]
+
+
+def test_prefetching_offloaded_parameters_hides_their_fetches():
+    def exposed(bucket: int) -> float:
+        data = tiny({"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu",
+                     "prefetch_bucket_size": bucket}, DEEPSPEED, layers=4)
+        return run(data)["time_breakdown"]["exposed_offload_s"]
+
+    assert exposed(0) > exposed(50_000_000)
+    report = run(tiny({"zero_stage": 3, "prefetch_bucket_size": 10}, DEEPSPEED))
+    assert any("prefetch_bucket_size has no effect" in w for w in report["warnings"])
+
+
+def test_zero_infinity_needs_drives(tmp_path):
+    data = tiny({"zero_stage": 3, "offload_optimizer": "nvme"}, DEEPSPEED, topology="pcie-4x4090")
+    data["parallel"]["dp"] = 4
+    data["training"]["global_batch_size"] = 4
+    path = tmp_path / "x.toml"
+    path.write_text(_toml(data))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2
+    message = result.stderr if hasattr(result, "stderr") else result.output
+    assert "cluster.topology = 'pcie-4x4090' has no NVMe drive: parallel.offload_optimizer = 'nvme'" in message
+    assert "dgx-a100, dgx-h100, workstation-rtx4090" in message
+
+
 @pytest.mark.parametrize("parallel, training, topology, fragments", [
     (ZERO_OFFLOAD, DEEPSPEED, "rtx-4090", ("cluster.topology = 'rtx-4090'", "offload needs a topology")),
     ({"offload_activations": "nvme"}, {}, None, ("parallel.offload_activations = 'nvme'", "allowed: 'none', 'cpu'")),
     (ZERO_OFFLOAD, {}, None, ("training.framework = 'torch'", "ZeRO-Offload")),
-    ({"zero_stage": 1, "offload_optimizer": "cpu"}, DEEPSPEED, None, ("parallel.zero_stage = 1", "allowed: 2")),
+    ({"zero_stage": 1, "offload_optimizer": "cpu"}, DEEPSPEED, None, ("parallel.zero_stage = 1", "allowed: 2, 3")),
+    ({"zero_stage": 2, "offload_optimizer": "nvme"}, DEEPSPEED, None, ("parallel.zero_stage = 2", "allowed: 3")),
+    ({"zero_stage": 2, "offload_optimizer": "cpu", "offload_params": "cpu"}, DEEPSPEED, None,
+     ("parallel.offload_params = 'cpu' with parallel.zero_stage = 2",)),
+    ({"zero_stage": 3, "offload_params": "cpu"}, DEEPSPEED, None, ("parallel.offload_optimizer = 'none'",)),
     (ZERO_OFFLOAD, {**DEEPSPEED, "optimizer": "sgd"}, None, ("training.optimizer = 'sgd'", "allowed: 'adamw'")),
     (ZERO_OFFLOAD, {**DEEPSPEED, "global_batch_size": 2}, None, ("2 gradient accumulation steps",)),
     ({"offload_activations": "cpu"}, {"recompute": "full"}, None, ("training.recompute = 'full'",)),

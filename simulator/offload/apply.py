@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from simulator.offload.optimizer import offload_optimizer
 from simulator.offload.state import HostState, OffloadConfig
+from simulator.offload.zero3 import offload_zero3
 
 
 def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids, saver=None):
@@ -21,6 +22,8 @@ def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids
     host = HostState()
     if saver is not None:
         host.tensors.update(saver.host_tensors)
-    if config.optimizer == "cpu":
+    if config.optimizer != "none" and workload.meta.get("zero_stage") == 3:
+        workload = offload_zero3(workload, config, ids, host)
+    elif config.optimizer == "cpu":
         workload = offload_optimizer(workload, config, largest_param_numel, ids, host)
     return replace(workload, host=host)

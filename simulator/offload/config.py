@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from simulator.scenario.schema import Scenario
 
 OFFLOAD_KEYS = ("offload_optimizer", "offload_params", "offload_activations")
-OPTIMIZER_STAGES = {"cpu": (2,)}          # zero_stage values simulated with offload_optimizer = key
+OPTIMIZER_STAGES = {"cpu": (2, 3), "nvme": (3,)}   # zero_stage values simulated with offload_optimizer = key
 
 
 def offloading(scenario: Scenario) -> bool:
@@ -36,8 +36,13 @@ def check_offload(scenario: Scenario, accumulation_steps: int) -> None:
         fail("parallel.offload_activations = 'nvme': activations are offloaded to host memory only (torch's "
              "save_on_cpu, Megatron's activation offload); allowed: 'none', 'cpu'")
     if p.offload_params != "none":
-        fail(f"parallel.offload_params = {p.offload_params!r}: parameter offload (ZeRO-3 offload_param) is not "
-             f"simulated yet; allowed: 'none'")
+        key = f"parallel.offload_params = {p.offload_params!r}"
+        if p.zero_stage != 3:
+            fail(f"{key} with parallel.zero_stage = {p.zero_stage}: parameters are offloaded by ZeRO-3 (DeepSpeed's "
+                 f"offload_param); allowed: zero_stage = 3")
+        if p.offload_optimizer == "none":
+            fail(f"{key} with parallel.offload_optimizer = 'none': parameter offload is simulated together with "
+                 f"optimizer offload (ZeRO-Infinity); set parallel.offload_optimizer = 'cpu' or 'nvme'")
     if p.pp > 1:
         fail(f"parallel.pp = {p.pp}: offload is simulated for pp = 1 (parallel.offload_* with pipeline stages "
              f"is not); allowed with offload: pp = 1")
@@ -56,17 +61,14 @@ def check_offload(scenario: Scenario, accumulation_steps: int) -> None:
     if p.offload_optimizer == "none":
         return
     key = f"parallel.offload_optimizer = {p.offload_optimizer!r}"
-    if p.offload_optimizer == "nvme":
-        fail(f"{key}: NVMe optimizer offload (ZeRO-Infinity, ZeRO-3 only) is not simulated yet; allowed: 'none', "
-             f"'cpu'")
     if t.framework != "deepspeed":
         fail(f"{key} with training.framework = {t.framework!r}: optimizer offload is DeepSpeed's ZeRO-Offload; "
              f"set training.framework = 'deepspeed'")
     stages = OPTIMIZER_STAGES[p.offload_optimizer]
     if p.zero_stage not in stages:
         fail(f"{key} with parallel.zero_stage = {p.zero_stage}: ZeRO-Offload is simulated on ZeRO stage "
-             f"{', '.join(map(str, stages))} (DeepSpeed's stage_1_and_2.py, as its ZeRO-Offload tutorial runs it); "
-             f"allowed: {', '.join(map(str, stages))}")
+             f"{', '.join(map(str, stages))} (DeepSpeed's stage_1_and_2.py for 2, stage3.py for 3; NVMe needs "
+             f"ZeRO-3); allowed: {', '.join(map(str, stages))}")
     if t.optimizer != "adamw":
         fail(f"{key} with training.optimizer = {t.optimizer!r}: the host runs DeepSpeedCPUAdam; allowed: 'adamw'")
     if t.precision not in ("bf16-mixed", "fp16-mixed"):
@@ -105,7 +107,8 @@ def offload_config(scenario: Scenario, topology, world_size: int) -> OffloadConf
     if rates is not None:
         adam = rates.cpu_adam_elements_per_s * ADAM_HOST_BYTES_PER_ELEMENT / ranks_on_node
         stream = rates.cpu_stream_bytes_per_s / ranks_on_node
-    return OffloadConfig(p.offload_optimizer, p.offload_params, p.offload_activations, adam_bytes_per_s=adam,
+    return OffloadConfig(p.offload_optimizer, p.offload_params, p.offload_activations,
+                         prefetch_bucket_elements=p.prefetch_bucket_size, adam_bytes_per_s=adam,
                          stream_bytes_per_s=stream)
 
 

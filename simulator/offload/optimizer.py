@@ -67,11 +67,7 @@ def offload_optimizer(workload, config: OffloadConfig, largest_param_numel: int,
     dts = workload.meta["dtypes"]
     param_bytes, dp = DTYPE_BYTES[dts.param], workload.meta["dp"]
     shard = workload.meta["dp_shard_numel"]
-    tensors = dict(workload.tensors)
-    old_states = set(workload.optimizer_state_ids) | {t for op in workload.optimizer for t in op.allocs}
-    grad_shards = set(workload.gradients)
-    for tid in old_states | grad_shards:
-        tensors.pop(tid, None)
+    tensors, grad_shards = strip_gpu_optimizer(workload)
 
     def host_tensor(name: str, nbytes: int, category: str, medium: str, when: str) -> int:
         return host.add(HostTensor(ids(), name, nbytes, category, medium), when)
@@ -88,23 +84,14 @@ def offload_optimizer(workload, config: OffloadConfig, largest_param_numel: int,
     tensors[gpu_buffer.id] = gpu_buffer
     largest_share = -(-largest_param_numel // dp)
 
+    def copies(op: Op, elements: int) -> list[Op]:
+        temp = Tensor(ids(), f"{op.name}.to_fp32", 4 * largest_share, OTHER, "fp32", (largest_share,))
+        tensors[temp.id] = temp
+        return [transfer_op(f"{op.name}.grad_to_host", "d2h", 4 * elements, BACKWARD_INPUT, "dp",
+                            allocs=(temp.id,), frees=(temp.id,), layer=op.layer, microbatch=op.microbatch)]
+
     def with_copies(ops: list[Op]) -> list[Op]:
-        out: list[Op] = []
-        for op in ops:
-            if op.op_class == COLLECTIVE and op.group == "dp" and op.phase == BACKWARD_INPUT \
-                    and op.collective in ("reduce_scatter", "all_reduce"):
-                op = replace(op, allocs=tuple(t for t in op.allocs if t not in grad_shards),
-                             outputs=tuple(t for t in op.outputs if t not in grad_shards))
-                out.append(op)
-                elements = -(-(op.comm_bytes // DTYPE_BYTES[op.dtype]) // dp)
-                temp = Tensor(ids(), f"{op.name}.to_fp32", 4 * largest_share, OTHER, "fp32", (largest_share,))
-                tensors[temp.id] = temp
-                out.append(transfer_op(f"{op.name}.grad_to_host", "d2h", 4 * elements, BACKWARD_INPUT, "dp",
-                                       allocs=(temp.id,), frees=(temp.id,), layer=op.layer,
-                                       microbatch=op.microbatch))
-            else:
-                out.append(op)
-        return out
+        return after_reductions(ops, grad_shards, dp, copies)
 
     step = [op for op in workload.optimizer if op.name.startswith("grad_scaler.") and op.name != "grad_scaler.unscale"]
     step += [_host_op("offload.unscale_and_clip_grads", STREAM, 4 * shard, 4 * shard),
@@ -121,3 +108,28 @@ def offload_optimizer(workload, config: OffloadConfig, largest_param_numel: int,
                    later_microbatch=with_copies(workload.later_microbatch),
                    last_microbatch=with_copies(workload.last_microbatch), optimizer=step,
                    gradients=tuple(t for t in workload.gradients if t not in grad_shards), meta=meta, host=host)
+
+
+def strip_gpu_optimizer(workload) -> tuple[dict, set[int]]:
+    """The workload's tensors without its GPU optimizer states, step temporaries and ZeRO gradient shard (now on the
+    host), and the shard's ids."""
+    tensors = dict(workload.tensors)
+    old_states = set(workload.optimizer_state_ids) | {t for op in workload.optimizer for t in op.allocs}
+    grad_shards = set(workload.gradients)
+    for tid in old_states | grad_shards:
+        tensors.pop(tid, None)
+    return tensors, grad_shards
+
+
+def after_reductions(ops: list[Op], grad_shards: set[int], dp: int, copies) -> list[Op]:
+    """`ops` with every data-parallel gradient reduction no longer allocating the GPU gradient shard and followed by
+    `copies(reduction op, elements of this rank's share)`."""
+    out: list[Op] = []
+    for op in ops:
+        out.append(op)
+        if op.op_class == COLLECTIVE and op.group == "dp" and op.phase == BACKWARD_INPUT \
+                and op.collective in ("reduce_scatter", "all_reduce"):
+            out[-1] = op = replace(op, allocs=tuple(t for t in op.allocs if t not in grad_shards),
+                                   outputs=tuple(t for t in op.outputs if t not in grad_shards))
+            out += copies(op, -(-(op.comm_bytes // DTYPE_BYTES[op.dtype]) // dp))
+    return out

@@ -114,6 +114,7 @@ class _Streams:
     chunks: dict[int, int] = field(default_factory=dict)          # pipeline stage -> its chunk on its rank
     copies: list[tuple] = field(default_factory=list)   # Program.copies of the compute stream
     offload_last: dict[str, str] = field(default_factory=dict)   # offload stream -> its last transfer's done event
+    offload_done: dict[str, str] = field(default_factory=dict)   # offload transfer name -> its last post's done event
     host_caps: dict[str, float] = field(default_factory=dict)    # host kernel -> bytes/s (offload HostState.caps)
 
     def event(self, label: str) -> str:

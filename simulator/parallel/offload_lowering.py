@@ -7,7 +7,8 @@ as DeepSpeed's overlap_comm puts the gradient copies on its reduction stream): t
 op stands in program order, the stream waits for that signal, runs the transfer and signals its end. The compute
 stream waits for that end at the next synchronisation (lower_multi's flush: before the optimizer step, a Free or a
 Mark), or earlier where a WAIT op for that stream stands (a copy the next op reads: an activation reloaded for its
-backward, the host's optimizer step before the parameters come back). A HOST op is a "host" Transfer: DRAM traffic
+backward, the host's optimizer step before the parameters come back; "wait:NAME" waits for transfer NAME only: a
+parameter prefetched ahead of others). A HOST op is a "host" Transfer: DRAM traffic
 from the CPU capped at the rank's share of the CPU's rate (HostState.caps).
 """
 
@@ -33,7 +34,9 @@ def lower_offload(streams: _Streams, run: Run, caps: dict[str, float]) -> None:
     if placement == "dp":
         placement = streams.dp_stream
     if op.collective == WAIT:
-        done = streams.offload_last.get(placement)
+        # "wait:NAME" waits for the last post of transfer NAME, any other WAIT for the stream's last transfer
+        done = streams.offload_done.get(op.name[5:]) if op.name.startswith("wait:") else \
+            streams.offload_last.get(placement)
         if done is not None:
             streams.compute.append(wait_for(done))
         return
@@ -57,3 +60,4 @@ def lower_offload(streams: _Streams, run: Run, caps: dict[str, float]) -> None:
     streams.stream(placement).extend([wait_for(ready), transfer, signal(done)])
     streams.pending.append(done)
     streams.offload_last[placement] = done
+    streams.offload_done[op.name] = done

@@ -93,6 +93,9 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         warnings.append("peak reserved memory is within 5% of the device capacity")
     if scenario.parallel.zero_stage and scenario.parallel.dp == 1 and not recipe.offload:
         warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
+    if scenario.parallel.prefetch_bucket_size != 50_000_000 and scenario.parallel.offload_params == "none":
+        warnings.append("parallel.prefetch_bucket_size has no effect without parallel.offload_params (it times the "
+                        "fetches of offloaded parameters)")
     if scenario.cluster.host_memory is not None and not recipe.offload:
         warnings.append("cluster.host_memory has no effect without offload (nothing is kept in host memory)")
     if scenario.parallel.gradient_compression != "none" and scenario.parallel.dp == 1:
