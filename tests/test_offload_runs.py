@@ -228,3 +228,19 @@ def _toml(data: dict) -> str:
         for key, value in data[section].items():
             lines.append(f"{key} = {json.dumps(value)}")
     return "\n".join(lines) + "\n"
+
+
+def test_the_llama7b_offload_scenarios_answer_as_their_comments_say():
+    from pathlib import Path
+
+    from simulator import load_scenario
+
+    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    offload = simulate(load_scenario(scenarios / "llama7b-rtx4090-zero-offload.toml")).report
+    rank = offload["ranks"][0]
+    assert offload["fits"] is False and rank["oom"] is False
+    assert rank["peak_reserved_bytes"] < 24e9 and offload["host_memory"][0]["peak_bytes"] > 128e9
+    assert offload["time_breakdown"]["host_compute_s"] > offload["time_breakdown"]["backward_s"]   # CPU-bound
+    infinity = simulate(load_scenario(scenarios / "llama7b-rtx4090-zero-infinity.toml")).report
+    assert infinity["fits"] is True and infinity["ranks"][0]["nvme_peak_bytes"] > 100e9
+    assert infinity["time_breakdown"]["offload_traffic_s"] > 0.8 * infinity["iteration_time_s"]    # drive-bound
