@@ -244,3 +244,16 @@ def test_the_llama7b_offload_scenarios_answer_as_their_comments_say():
     infinity = simulate(load_scenario(scenarios / "llama7b-rtx4090-zero-infinity.toml")).report
     assert infinity["fits"] is True and infinity["ranks"][0]["nvme_peak_bytes"] > 100e9
     assert infinity["time_breakdown"]["offload_traffic_s"] > 0.8 * infinity["iteration_time_s"]    # drive-bound
+
+
+def test_the_chrome_trace_shows_copies_as_memcpy_and_the_host_step_as_cpu_work():
+    from simulator.trace.chrome import chrome_trace
+
+    result = simulate(scenario_from_dict(tiny({"zero_stage": 3, "offload_optimizer": "nvme"}, DEEPSPEED)))
+    trace = chrome_trace(result.trace, "x")
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    categories = {e["name"].split(".")[-1]: e.get("cat") for e in events if e.get("name", "").count("offload.") or
+                  "grad_to_host" in e.get("name", "") or "to_fp32_grad" in e.get("name", "")}
+    assert categories["cpu_adam"] == "cpu_op"
+    assert categories["swap_in"] == "io"
+    assert categories["to_fp32_grad"] == "gpu_memcpy"
