@@ -208,9 +208,8 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     from simulator.parallel.lower_multi import lower_multi
     from simulator.parallel.plan import make_plan
     from simulator.parallel.schedule_check import load_schedule
-    from simulator.report.metrics import build_multi_report
-
     from simulator.offload.config import offloading
+    from simulator.report.metrics import build_multi_report
 
     cluster = resolve_cluster(scenario)
     device = cluster.device
