@@ -18,6 +18,7 @@ from simulator.scenario import Scenario
 from simulator.topology import resolve_cluster
 from simulator.trace.records import Trace
 from simulator.workload.primitives import KernelProfile
+from simulator.workload.compression import Compression, check_compression
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
 
@@ -108,6 +109,12 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
                         f"not supported: gradients or parameters sharded across micro-batches conflict with "
                         f"pipeline gradient accumulation (DeepSpeed's PipelineEngine refuses it too); "
                         f"allowed with pp > 1: 0, 1")
+    try:
+        check_compression(Compression.parse(p.gradient_compression, p.gradient_compression_stage), dp=p.dp,
+                          zero_stage=p.zero_stage, framework=scenario.training.framework,
+                          precision=scenario.training.precision, optimizer=scenario.training.optimizer)
+    except PlanError as error:
+        raise PlanError(f"{src}: {error}") from None
     for key in ("offload_optimizer", "offload_params", "offload_activations"):
         value = getattr(p, key)
         if value != "none":
@@ -156,7 +163,8 @@ def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
     p = scenario.parallel
     return dataclasses.replace(recipe_for(scenario, device), tp=p.tp, sequence_parallel=p.sequence_parallel and p.tp > 1,
                                dp=p.dp, zero_stage=p.zero_stage if p.dp > 1 else 0,
-                               bucket_size_bytes=int(p.bucket_size))
+                               bucket_size_bytes=int(p.bucket_size), gradient_compression=p.gradient_compression,
+                               compression_stage=p.gradient_compression_stage)
 
 
 def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOptions:

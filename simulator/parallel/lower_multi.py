@@ -44,7 +44,8 @@ from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, A
                                         WaitFor, checked_collective, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
-from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor, moved_ids
+from simulator.workload.graph import (BLOCKING, COLLECTIVE, FORWARD, GEMM, ON_COMM_STREAM, OPTIMIZER_STEP, OVERLAPPED, Op,
+                                      Tensor, moved_ids)
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
 from simulator.workload.stage_reuse import relabel_layers
@@ -78,7 +79,7 @@ class _TimedOps:
         segments = []
         plain: list[tuple[Op, float]] = []
         for pair in pairs:
-            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP:
+            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP or pair[0].placement == ON_COMM_STREAM:
                 segments.append((tuple(plain), pair))
                 plain = []
             else:
@@ -137,6 +138,15 @@ class _Streams:
         if group is None:
             self.compute.append(Run(op, duration_s, iteration, shift, low))
             return
+        if kind is None:
+            # A kernel of the communication library on the group's stream, after what the compute stream did so far.
+            count = self.count
+            ready, done = f"{ready_label}#{count + 1}", f"{done_label}#{count + 2}"
+            self.count = count + 2
+            self.compute.append(signal(ready))
+            comm += [wait_for(ready), Run(op, duration_s, iteration, shift, low), signal(done)]
+            self.pending.append(done)
+            return
         allocs, frees = op.allocs, op.frees
         if shift:
             allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
@@ -167,8 +177,8 @@ class _Streams:
             self.compute.append(wait_for(done))
 
     def _lower_collective(self, op: Op) -> tuple:
-        """(op, group or None when it is this rank alone, stream and its name, event labels, kind, size,
-        overlapped)."""
+        """(op, group or None when it is this rank alone, stream and its name, event labels, kind (None for a kernel
+        placed on the communication stream), size, overlapped)."""
         axis = op.group if op.group in ("tp", "dp") else "tp"
         group = self.groups.get(axis)
         if group is None:
@@ -177,7 +187,10 @@ class _Streams:
             return (op, None, None, "", "", "", "", 0.0, False)
         name = self.dp_stream if axis == "dp" else COMM_STREAM
         comm = self.stream(name)
-        overlapped = axis == "dp" and op.collective in ("all_reduce", "reduce_scatter")
+        if op.op_class != COLLECTIVE:      # placement ON_COMM_STREAM: `post` runs it on the stream, overlapped
+            return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", None, 0.0, True)
+        overlapped = axis == "dp" and (op.placement == OVERLAPPED or (
+            op.collective in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING))
         kind, size_bytes = op.collective or "all_reduce", float(op.comm_bytes)
         Collective(op.name, kind, group, size_bytes)     # validates what post's checked_collective copies
         return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", kind, size_bytes, overlapped)
@@ -257,7 +270,7 @@ class _Streams:
         unmoved, moved = [], []
         for index, (op, _) in enumerate(timed.pairs):
             if op.op_class != COLLECTIVE:
-                if op.phase == OPTIMIZER_STEP:
+                if op.phase == OPTIMIZER_STEP or op.placement == ON_COMM_STREAM:
                     return None
                 continue
             lowered = self.lowered.get(id(op))
@@ -284,7 +297,7 @@ class _Streams:
             if special is None:
                 continue
             op, duration_s = special
-            if op.op_class == COLLECTIVE:
+            if op.op_class == COLLECTIVE or op.placement == ON_COMM_STREAM:
                 self.post(op, duration_s, iteration, shift, low)
             else:
                 self.runs([Run(op, duration_s, iteration, shift, low)])
@@ -292,7 +305,7 @@ class _Streams:
     def runs(self, runs: list[Run]) -> None:
         """Append runs to the compute stream: collectives go to their stream, workspaces at first use."""
         for run in runs:
-            if run.op.op_class == COLLECTIVE:
+            if run.op.op_class == COLLECTIVE or run.op.placement == ON_COMM_STREAM:
                 self.collective(run)
             else:
                 if run.op.phase == OPTIMIZER_STEP and self.pending:

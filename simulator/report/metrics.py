@@ -89,8 +89,6 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         warnings.append("peak reserved memory is within 5% of the device capacity")
     if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
         warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
-    if scenario.parallel.gradient_compression != "none" and scenario.parallel.dp == 1:
-        warnings.append("parallel.gradient_compression has no effect with dp = 1 (no gradient traffic)")
     rank = {
         "rank": 0, "stage": 0, "device": device.name,
         "peak_allocated_bytes": int(rank_trace.peak_allocated),

@@ -21,6 +21,7 @@ OPTIMIZER_IMPLEMENTATIONS = ("auto", "foreach", "single-tensor", "fused")
 ACTIVATION_COMPRESSIONS = ("none", "int8")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
+COMPRESSION_STAGES = ("compressed", "warmup")
 ALLOCATOR_KINDS = ("caching", "exact", "auto")
 SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run")
 MAX_INT = 2**63 - 1  # largest count or size accepted (int64, what numpy and torch can hold)
@@ -370,7 +371,8 @@ PARALLEL_KEYS: tuple[KeySpec, ...] = (
     _k("offload_optimizer", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where optimizer states live"),
     _k("offload_params", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where parameters live between uses"),
     _k("offload_activations", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where saved activations wait for backward"),
-    _k("gradient_compression", gradient_compression, "none", 'none | 1bit | int8 | "topk:F" | "powersgd:R"', "compression of data-parallel gradient traffic"),
+    _k("gradient_compression", gradient_compression, "none", 'none | 1bit | int8 | "topk:F" | "powersgd:R"', "compression of data-parallel gradient traffic: 1bit = DeepSpeed 1-bit Adam, int8 = Bagua ByteGrad, topk = GRACE top-k, powersgd = torch's PowerSGD hook (docs/compression.md)"),
+    _k("gradient_compression_stage", choice(COMPRESSION_STAGES), "compressed", " | ".join(COMPRESSION_STAGES), "which iteration is simulated: compressed, or the uncompressed warm-up before it (1bit: before freeze_step; powersgd: before start_powerSGD_iter)"),
     _k("bucket_size", size_bytes, 25_000_000, "size", "gradient bucket size (DDP bucket_cap_mb)", '"25 MB" (25000000)'),
     _k("placement", text, "auto", "str", "how ranks map onto devices; auto = the parallel layer's default order"),
 )
@@ -514,6 +516,7 @@ class ParallelConfig:
     offload_params: str = "none"
     offload_activations: str = "none"
     gradient_compression: str = "none"
+    gradient_compression_stage: str = "compressed"
     bucket_size: int = 25_000_000
     placement: str = "auto"
 

@@ -33,6 +33,14 @@ OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER,
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv")
 GROUPS = ("tp", "dp", "pp")
 
+# Where an op runs relative to the compute stream (Op.placement). "" = by its class: a data-parallel all_reduce or
+# reduce_scatter overlaps the backward (the compute stream waits for it before the optimizer step), every other
+# collective is waited for at once, and every other op runs on the compute stream.
+OVERLAPPED = "overlapped"     # a collective the compute stream waits for only before the optimizer step
+BLOCKING = "blocking"         # a collective the compute stream waits for at once
+ON_COMM_STREAM = "comm"       # a kernel a communication library runs on its group's communication stream
+PLACEMENTS = ("", OVERLAPPED, BLOCKING, ON_COMM_STREAM)
+
 # Phases of a training iteration.
 FORWARD = "fwd"
 BACKWARD_INPUT = "bwd_input"      # gradient with respect to the op's inputs (B / I in pipeline notation)
@@ -97,3 +105,4 @@ class Op:
     collective: str = ""           # op_class COLLECTIVE: one of COLLECTIVES
     group: str = ""                # op_class COLLECTIVE: the process group, one of GROUPS
     comm_bytes: int = 0            # op_class COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size)
+    placement: str = ""            # one of PLACEMENTS: where the op runs relative to the compute stream

@@ -10,9 +10,11 @@ Where the bytes of mixed precision live follows `framework`:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simulator.errors import PlanError
+from simulator.workload.compression import Compression, check_compression
+from simulator.workload.compression.onebit import onebit_optimizer
 from simulator.workload.data_parallel import (
     DataParallelSetup, LandingPolicy, MicrobatchOps, ParamInfo, apply_data_parallel,
 )
@@ -43,6 +45,13 @@ class Recipe:
     dp: int = 1                              # data-parallel size (see workload/data_parallel.py)
     zero_stage: int = 0                      # 0 (DDP) | 1 | 2 | 3; megatron: 0 | 1 (distributed optimizer)
     bucket_size_bytes: int = 25_000_000      # gradient bucket size (DDP bucket_cap, DeepSpeed reduce_bucket)
+    gradient_compression: str = "none"       # parallel.gradient_compression (workload/compression)
+    compression_stage: str = "compressed"    # parallel.gradient_compression_stage: the iteration simulated
+
+    @property
+    def compression(self) -> Compression:
+        """The data-parallel gradient compression of this recipe."""
+        return Compression.parse(self.gradient_compression, self.compression_stage)
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,15 @@ class Dtypes:
     grad: str              # gradients produced for parameters
     master: str | None     # separate fp32 master copy (megatron/deepspeed), None if the params are updated
     persistent_grad_buffer: bool   # megatron main_grad: gradients accumulate into a persistent buffer
+
+
+def recipe_dtypes(recipe: Recipe) -> Dtypes:
+    """`dtypes_for` the recipe's precision and framework; Bagua (int8 compression) keeps every gradient in its
+    persistent flattened buckets, which accumulate like megatron's main_grad."""
+    dts = dtypes_for(recipe.precision, recipe.framework)
+    if recipe.compression.gradients_in_buckets:
+        dts = replace(dts, persistent_grad_buffer=True)
+    return dts
 
 
 def dtypes_for(precision: str, framework: str) -> Dtypes:
@@ -134,6 +152,8 @@ def _check_data_parallel(recipe: Recipe) -> None:
                         f"states only (distributed optimizer); allowed 0, 1")
     if not isinstance(recipe.bucket_size_bytes, int) or recipe.bucket_size_bytes < 1:
         raise PlanError(f"parallel.bucket_size = {recipe.bucket_size_bytes!r} must be a positive number of bytes")
+    check_compression(recipe.compression, dp=recipe.dp, zero_stage=recipe.zero_stage, framework=recipe.framework,
+                      precision=recipe.precision, optimizer=recipe.optimizer)
 
 
 @dataclass
@@ -188,14 +208,20 @@ def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, id
     master = [MasterParam(name, ref.shape, numel(ref.shape), dts.master or ref.dtype, dts.grad)
               for ref, name in zip(params.refs, params.names)]
     state_tensors: list[Tensor] = []
-    if dts.master:
-        for p in master:
-            state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
-                                        OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
-    state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
-    for tensor in state_tensors:
-        tensors[tensor.id] = tensor
-    opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
+    compression = recipe.compression
+    if compression.kind == "1bit":
+        # DeepSpeed's 1-bit Adam replaces the optimizer (and, under fp16, updates one flat fp32 master).
+        state_tensors, opt_ops = onebit_optimizer(master, dts.master is not None, recipe.dp, compression.compressing,
+                                                  ids, tensors)
+    else:
+        if dts.master:
+            for p in master:
+                state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
+                                            OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
+        state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
+        for tensor in state_tensors:
+            tensors[tensor.id] = tensor
+        opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
     if recipe.precision == "fp16-mixed":
         scaler, unscale = _grad_scaler(ids, tensors, master)
         persistent += scaler
@@ -213,7 +239,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     data_parallel.py describes (collectives of group "dp"); dp = 1 is the single-device program.
     """
     _check_data_parallel(recipe)
-    dts = dtypes_for(recipe.precision, recipe.framework)
+    dts = recipe_dtypes(recipe)
     b = recipe.micro_batch_size
     compress = recipe.activation_compression == "int8"
     # torch.utils.checkpoint stashes the CPU generator state (5,056 bytes, measured on torch 2.13);
@@ -290,9 +316,9 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         return workload
     setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
                               recipe.accumulation_steps, recipe.optimizer, recipe.optimizer_implementation,
-                              profile.device_kind == "cpu", dts.param, dts.master)
+                              profile.device_kind == "cpu", dts.param, dts.master, recipe.compression)
     infos = [ParamInfo(ref.id, name, numel(ref.shape), dts.grad,
-                       grad_buffers[k] if grad_buffers else None)
+                       grad_buffers[k] if grad_buffers else None, tuple(ref.shape))
              for k, (ref, name) in enumerate(zip(params.refs, params.names))]
     lists = MicrobatchOps(first_ops, policy, later_ops, later_policy)
     return apply_data_parallel(workload, setup, infos, lists, ids)
