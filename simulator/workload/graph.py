@@ -103,6 +103,6 @@ class Op:
     layer: int = -1                # transformer layer index, -1 for embedding/head/optimizer
     microbatch: int = 0
     collective: str = ""           # op_class COLLECTIVE: one of COLLECTIVES
-    group: str = ""                # op_class COLLECTIVE: the process group, one of GROUPS
+    group: str = ""                # op_class COLLECTIVE (or placement ON_COMM_STREAM): the process group, one of GROUPS
     comm_bytes: int = 0            # op_class COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size)
     placement: str = ""            # one of PLACEMENTS: where the op runs relative to the compute stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.workload.graph import (
-    COLLECTIVE, COMMUNICATION_BUFFERS, DTYPE_BYTES, ELEMENTWISE, GEMM, Op, Tensor,
+    COLLECTIVE, COMMUNICATION_BUFFERS, DTYPE_BYTES, ELEMENTWISE, GEMM, ON_COMM_STREAM, Op, Tensor,
 )
 from simulator.workload.optimizers import IdSource
 
@@ -45,9 +45,10 @@ class Kernels:
                allocs: tuple[int, ...] = (), frees: tuple[int, ...] = (), inputs: tuple[int, ...] = (),
                dtype: str = "fp32", op_class: str = ELEMENTWISE, placement: str | None = None) -> Op:
         """One kernel that reads and writes device memory (bytes), allocating `allocs` first, freeing `frees` after."""
+        where = self.placement if placement is None else placement
         op = Op(f"{self.prefix}.{name}", op_class, self.phase, flops=float(flops), bytes_read=int(read_bytes),
                 bytes_written=int(write_bytes), dtype=dtype, inputs=inputs, outputs=allocs, allocs=allocs,
-                frees=frees, placement=self.placement if placement is None else placement)
+                frees=frees, group=GROUP if where == ON_COMM_STREAM else "", placement=where)
         self.ops.append(op)
         return op
 
