@@ -46,8 +46,15 @@ def test_seed_folder_has_the_cases():
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_every_seed_scenario_loads_and_simulates(path: Path):
-    # Shrunk to 4 blocks so the whole folder runs in seconds; the file's own keys are all exercised.
-    scenario = load_scenario(path, ["model.num_layers=4", *FAST])
+    # Shrunk to 4 blocks (at least one per pipeline stage) and one micro-batch per stage so the whole folder
+    # runs in seconds; the file's own keys are all exercised.
+    plain = load_scenario(path)
+    p = plain.parallel
+    layers = max(4, p.pp * p.virtual_stages)
+    shrink = [f"model.num_layers={layers}", *FAST]
+    if p.pp > 1:
+        shrink.append(f"training.global_batch_size={plain.training.micro_batch_size * p.dp * p.pp}")
+    scenario = load_scenario(path, shrink)
     assert scenario.name == path.stem
     assert scenario.description
     result = simulate(scenario).report
@@ -226,3 +233,71 @@ def test_gradient_accumulation_makes_gpt2_large_fit():
     assert one_batch["fits"] is False
     # Same 8 x 1024 tokens per iteration either way.
     assert accumulated["tokens_per_s"] * accumulated["iteration_time_s"] == pytest.approx(8 * 1024)
+
+
+# --- multi-GPU claims (7, 9, 11, 33, 36), judged again with multi-GPU simulations ------------------------
+
+def category_peaks(result: dict) -> dict:
+    return rank0(result)["category_peaks"]
+
+
+def needs_gb(result: dict) -> float:
+    """The most any simulated stage asks of its GPU (peak reserved + memory outside the allocator), in GB."""
+    return max(r["peak_reserved_bytes"] + r["context_bytes"] for r in result["ranks"]) / 1e9
+
+
+@pytest.mark.slow
+def test_tp8_divides_model_states_by_8_but_activations_only_with_sequence_parallelism():
+    one = category_peaks(report("llama7b-tp8-dgx-a100", "parallel.tp=1", 'cluster.topology="a100-80gb-sxm"', *FAST))
+    tp8 = category_peaks(report("llama7b-tp8-dgx-a100", *FAST))
+    sp = category_peaks(report("llama7b-tp8-dgx-a100", "parallel.sequence_parallel=true", *FAST))
+    for category in ("parameters", "gradients", "optimizer_states"):
+        assert tp8[category] == pytest.approx(one[category] / 8, rel=0.02), category
+    # Korthikanti: (10 + 24/t)/34 of the activations stay without sequence parallelism (38% for a GPT block).
+    assert 0.35 < tp8["activations"] / one["activations"] < 0.5
+    assert sp["activations"] / one["activations"] < 0.135
+
+
+@pytest.mark.slow
+def test_24_gb_table_memory_column_for_a_1_3b_gpt():
+    name = "gpt3-1.3b-4x4090-parallel-table"
+    dp4 = report(name)
+    assert dp4["fits"] is False
+    rows = {  # the article's memory column (GB) and the --set lines of the scenario file's header
+        18.7: ("parallel.dp=2", "parallel.tp=2"),
+        15.2: ("parallel.dp=1", "parallel.pp=4"),
+        12.4: ("parallel.dp=1", "parallel.tp=2", "parallel.pp=2"),
+    }
+    for article_gb, plan in rows.items():
+        result = report(name, *plan)
+        assert result["fits"] is True, plan
+        assert abs(needs_gb(result) - article_gb) < 1.0, (plan, needs_gb(result))
+
+
+@pytest.mark.slow
+def test_nvlink_makes_the_tensor_parallel_plan_twice_as_fast_as_pcie():
+    nvlink = report("llama7b-tp8-dgx-a100", *FAST)
+    pcie = report("llama7b-tp8-dgx-a100", 'cluster.topology="pcie-8xa100"', *FAST)
+    assert pcie["iteration_time_s"] > 1.8 * nvlink["iteration_time_s"]
+    assert pcie["communication"]["total_s"] > 5 * nvlink["communication"]["total_s"]
+
+
+@pytest.mark.slow
+def test_ddp_tp_pp_and_zero3_on_eight_a100s():
+    name = "llama7b-8xa100-distributed"
+    assert report(name, *FAST)["fits"] is False                               # DDP: every state on every GPU
+    tp_pp = report(name, "parallel.dp=1", "parallel.tp=4", "parallel.pp=2", 'training.framework="megatron"', *FAST)
+    assert tp_pp["fits"] is True and needs_gb(tp_pp) < 30
+    zero3 = report(name, "parallel.zero_stage=3", 'training.framework="deepspeed"', *FAST)
+    assert zero3["fits"] is True
+    one_card = report(name, "parallel.dp=1", "parallel.zero_stage=3", 'cluster.topology="a100-80gb-sxm"',
+                      'training.framework="deepspeed"', *FAST)
+    assert one_card["fits"] is False                                         # ZeRO-3 shards nothing on one card
+    assert any("zero_stage has no effect with dp = 1" in w for w in one_card["warnings"])
+
+
+@pytest.mark.scale
+def test_bloom_176b_as_bigscience_trained_it_fits_384_a100s():
+    result = report("bloom-176b-384xa100", *FAST)
+    assert result["fits"] is True
+    assert 30 < needs_gb(result) < 60      # memsim's deepspeed layout; BigScience reports 60 GB (see the doc)
