@@ -13,12 +13,13 @@ from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import lower_single_rank
-from simulator.report.metrics import build_report
+from simulator.report.metrics import blend_skipped_steps, build_report, measured_window
 from simulator.scenario import Scenario
 from simulator.topology import resolve_cluster
 from simulator.trace.records import Trace
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.compression import Compression, check_compression
+from simulator.workload.loss_scaler import check_loss_scale, skipped_step
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
 
@@ -84,7 +85,8 @@ def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
             implementation = "foreach" if device.optimizer_foreach else "single-tensor"
     accumulation = t.global_batch_size // (t.micro_batch_size * scenario.parallel.dp)
     return Recipe(t.micro_batch_size, accumulation, t.precision, t.framework, t.optimizer,
-                  implementation, t.recompute, t.activation_compression)
+                  implementation, t.recompute, t.activation_compression, loss_scale=t.loss_scale,
+                  skipped_steps_fraction=t.skipped_steps_fraction)
 
 
 def _check_plan(scenario: Scenario, multi: bool = False) -> None:
@@ -113,6 +115,8 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
         check_compression(Compression.parse(p.gradient_compression, p.gradient_compression_stage), dp=p.dp,
                           zero_stage=p.zero_stage, framework=scenario.training.framework,
                           precision=scenario.training.precision, optimizer=scenario.training.optimizer)
+        t = scenario.training
+        check_loss_scale(t.precision, t.framework, t.loss_scale, t.skipped_steps_fraction)
     except PlanError as error:
         raise PlanError(f"{src}: {error}") from None
     for key in ("offload_optimizer", "offload_params", "offload_activations"):
@@ -147,15 +151,27 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
                                 recipe.accumulation_steps)
-    allocator = make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
-                               max_split_size_bytes=scenario.allocator.max_split_size,
-                               roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
-                               expandable_segments=scenario.allocator.expandable_segments,
-                               record_events=scenario.run.record_events)
-    trace = simulate_programs([program], [allocator], [cluster.allocator_capacity_bytes],
+    trace = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
                               _engine_options(timelines, memory_workers))
     report = build_report(scenario, cluster, workload, recipe, trace)
+    fraction = scenario.training.skipped_steps_fraction
+    if fraction > 0:
+        skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer))
+        program = lower_single_rank(skipping, device, scenario.run.warmup_iterations, scenario.run.iterations,
+                                    recipe.accumulation_steps)
+        skipped = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
+                                    _engine_options(False, memory_workers))
+        blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     return Result(report, trace, scenario)
+
+
+def _allocator(scenario: Scenario, cluster):
+    """A fresh allocator model for one rank of `scenario` on `cluster`."""
+    return make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
+                          max_split_size_bytes=scenario.allocator.max_split_size,
+                          roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
+                          expandable_segments=scenario.allocator.expandable_segments,
+                          record_events=scenario.run.record_events)
 
 
 def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
@@ -215,11 +231,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     full = scenario.run.full and plan.world_size > 1
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
                                       scenario.run.warmup_iterations, scenario.run.iterations, workload, full)
-    allocators = [make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
-                                 max_split_size_bytes=scenario.allocator.max_split_size,
-                                 roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
-                                 expandable_segments=scenario.allocator.expandable_segments,
-                                 record_events=scenario.run.record_events) for _ in programs]
+    allocators = [_allocator(scenario, cluster) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                               _engine_options(timelines, memory_workers), topology=topology, plan=plan)
     if full:
@@ -230,6 +242,16 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
         report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown)
     else:
         report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
+    fraction = scenario.training.skipped_steps_fraction
+    if fraction > 0:
+        # The same plan with every optimizer step skipped (the loss scaler's kernels only), simulated alone.
+        skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer)) if workload else None
+        others, _ = lower_multi(shape, recipe, profile, plan, schedule, device, scenario.run.warmup_iterations,
+                                scenario.run.iterations, skipping, full, skipped_steps=True)
+        skipped = simulate_programs(others, [_allocator(scenario, cluster) for _ in others],
+                                    [cluster.allocator_capacity_bytes] * len(others),
+                                    _engine_options(False, memory_workers), topology=topology, plan=plan)
+        blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     lifetime.keep(programs, workloads)
     return Result(report, trace, scenario, plan)
 

@@ -46,6 +46,7 @@ from simulator.parallel.schedule_check import CommStep, program as schedule_prog
 from simulator.parallel.schedules import Action, Schedule
 from simulator.workload.graph import (BLOCKING, COLLECTIVE, FORWARD, GEMM, ON_COMM_STREAM, OPTIMIZER_STEP, OVERLAPPED, Op,
                                       Tensor, moved_ids)
+from simulator.workload.loss_scaler import skipped_step
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
 from simulator.workload.stage_reuse import relabel_layers
@@ -647,7 +648,8 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
 
 def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan, schedule: Schedule,
                 device: DeviceSpec, warmup_iterations: int, iterations: int,
-                workload: IterationWorkload | None = None, full: bool = False) -> tuple[list[Program], dict]:
+                workload: IterationWorkload | None = None, full: bool = False,
+                skipped_steps: bool = False) -> tuple[list[Program], dict]:
     """One Program per representative rank of `plan` (one per pipeline stage), or per rank with `full`.
 
     Args:
@@ -659,6 +661,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         workload: with pp = 1, the whole-model iteration (training.build_iteration) to lower.
         full: lower every rank of the plan (no symmetry reduction); programs come in rank order, rank 0
             (stage 0's representative) first.
+        skipped_steps: pp > 1: every stage's optimizer step is skipped (an fp16 overflow: only the loss scaler's
+            kernels run); with pp = 1 the caller passes such a `workload`.
 
     Returns:
         (programs, workloads): programs ordered by stage (by rank with `full`); workloads by stage (IterationWorkload for pp = 1,
@@ -678,6 +682,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO-2/3 with parallel.pp = {plan.pp} > 1 is not "
                         f"supported (DeepSpeed's PipelineEngine refuses it too; allowed with pp > 1: 0, 1)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
+    if skipped_steps:
+        workloads = {key: replace(w, optimizer=skipped_step(w.optimizer)) for key, w in workloads.items()}
     schedule_steps = schedule_program(schedule)
     cache: dict[tuple, float] = {}
     if not full:

@@ -114,6 +114,14 @@ def positive_float(value: object) -> float:
     return number
 
 
+def fraction_below_one(value: object) -> float:
+    """Parser for a fraction in [0, 1)."""
+    number = to_float(value)
+    if not 0.0 <= number < 1.0:
+        raise Invalid("must be a number in [0, 1)")
+    return number
+
+
 def dropout_probability(value: object) -> float:
     """Parser for a probability in [0, 1)."""
     number = to_float(value)
@@ -356,7 +364,8 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("optimizer_implementation", choice(OPTIMIZER_IMPLEMENTATIONS), "auto", " | ".join(OPTIMIZER_IMPLEMENTATIONS), "torch optimizer kernel style; auto = what torch picks on the device (megatron, deepspeed on a GPU: their fused Adam)"),
     _k("recompute", recompute_mode, "none", 'none | selective | full | "segments:N"', "activation checkpointing (segments:N = checkpoint_sequential)"),
     _k("activation_compression", choice(ACTIVATION_COMPRESSIONS), "none", " | ".join(ACTIVATION_COMPRESSIONS), "compression of saved activations"),
-    _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "loss scaling (meaningful for fp16-mixed only)"),
+    _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "fp16-mixed loss scaling: dynamic (torch GradScaler, Megatron DynamicGradScaler, DeepSpeed DynamicLossScaler) or a static scale (Megatron, DeepSpeed); other precisions: dynamic only"),
+    _k("skipped_steps_fraction", fraction_below_one, 0.0, "float in [0, 1)", "fp16-mixed: share of iterations whose optimizer step the loss scaler skips (an overflow); iteration_time_s averages both kinds"),
     _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
 )
 
@@ -486,6 +495,7 @@ class TrainingConfig:
     recompute: str = "none"
     activation_compression: str = "none"
     loss_scale: str | float = "dynamic"
+    skipped_steps_fraction: float = 0.0
     vocab_divisible_by: int = 1
     data_parallel_size: int = 1
 

@@ -518,10 +518,20 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
     old_temps = [t for op in workload.optimizer for t in op.allocs]
     for tid in list(workload.optimizer_state_ids) + old_temps:
         tensors.pop(tid, None)
-    kept = [op for op in workload.optimizer if op.name.startswith("grad_scaler.")]
     master_dtype = setup.master_dtype or setup.param_dtype
     grad_dtype = tensors[grad_shard].dtype if grad_shard is not None else None
     flat = MasterParam("zero.shard", (shard,), shard, master_dtype, grad_dtype or master_dtype)
+    use = workload.meta.get("loss_scaler")
+    before: list[Op] = []
+    after: list[Op] = []
+    if use is not None:
+        # The fp16 loss scaler checks what this rank's step reads: torch's ZeRO-1 (ZeroRedundancyOptimizer behind
+        # DDP) every gradient, the sharded optimizers their gradient shard (DeepSpeed then all_reduces the flag).
+        checked = list(use.params) if setup.framework == "torch" and setup.zero_stage == 1 else \
+            [MasterParam("zero.shard", (shard,), shard, master_dtype, use.params[0].grad_dtype if use.params
+                         else master_dtype)]
+        before, after = use.scaler.ops(checked, ids, tensors, self_unscaling=use.self_unscaling,
+                                       dp_overflow_reduce=setup.framework == "deepspeed")
     states: list[Tensor] = []
     if setup.master_dtype:
         states.append(Tensor(ids(), "zero.shard.master", shard * DTYPE_BYTES[master_dtype], OPTIMIZER_STATES,
@@ -529,7 +539,7 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
     states += optimizer_states(setup.optimizer, [flat], ids, setup.step_on_device)
     for t in states:
         tensors[t.id] = t
-    ops = list(kept)
+    ops = list(before)
     converted = None
     if setup.framework == "deepspeed" and setup.master_dtype and setup.param_dtype != setup.master_dtype:
         # DeepSpeed hands the optimizer an fp32 copy of the (16-bit) gradient shard.
@@ -547,6 +557,7 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
                          dtype=setup.param_dtype))
     elif converted is not None:
         ops[-1] = replace(ops[-1], frees=ops[-1].frees + (converted,))
+    ops += after
     if setup.zero_stage in (1, 2):
         ops.append(_collective("zero.all_gather_params", "all_gather", OPTIMIZER_STEP, total * param_bytes,
                                dtype=setup.param_dtype))

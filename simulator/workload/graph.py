@@ -15,7 +15,7 @@ CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATES, ACTIVATIONS, COMMUNICATIO
 CATEGORY_LABELS = {name: name.replace("_", " ") for name in CATEGORIES}   # for people: "optimizer states"
 
 # Bytes per element of the dtypes memsim knows.
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "uint8": 1, "bool": 1, "int64": 8, "int32": 4}
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "uint8": 1, "bool": 1, "int64": 8, "int32": 4}
 
 # Op classes used by the cost model to pick an efficiency.
 GEMM = "gemm"                  # dense matmul (linear layers, LM head, attention scores in eager mode)

@@ -390,7 +390,8 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
     for gid in grads:
         t = tensors[gid]
         tensors[gid] = Tensor(t.id, t.name, t.nbytes, GRADIENTS, t.dtype, t.shape)
-    meta: dict[str, object] = {"dtypes": dts, "tp": recipe.tp, "layers": (spec.start, spec.stop)}
+    meta: dict[str, object] = {"dtypes": dts, "tp": recipe.tp, "layers": (spec.start, spec.stop),
+                               "loss_scaler": states.loss_scaler}
     if split_weight:
         meta["weight_split"] = RETAIN_GRAPH if recipe.framework == "torch" else WEIGHT_STORE
     if shape.tied and spec.first != spec.last and shape.architecture != "vit":

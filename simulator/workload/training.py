@@ -19,6 +19,7 @@ from simulator.workload.data_parallel import (
     DataParallelSetup, LandingPolicy, MicrobatchOps, ParamInfo, apply_data_parallel,
 )
 from simulator.workload.graph import DTYPE_BYTES, FORWARD, GEMM, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
+from simulator.workload.loss_scaler import LossScaler, check_loss_scale, make_loss_scaler
 from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
@@ -47,6 +48,8 @@ class Recipe:
     bucket_size_bytes: int = 25_000_000      # gradient bucket size (DDP bucket_cap, DeepSpeed reduce_bucket)
     gradient_compression: str = "none"       # parallel.gradient_compression (workload/compression)
     compression_stage: str = "compressed"    # parallel.gradient_compression_stage: the iteration simulated
+    loss_scale: str | float = "dynamic"      # training.loss_scale (fp16-mixed: workload/loss_scaler.py)
+    skipped_steps_fraction: float = 0.0      # training.skipped_steps_fraction: steps skipped on overflow
 
     @property
     def compression(self) -> Compression:
@@ -122,26 +125,6 @@ def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
     return idx, targets
 
 
-def _grad_scaler(ids: IdSource, tensors: dict[int, Tensor], params: list[MasterParam]) -> tuple[list[int], Op]:
-    """torch.amp.GradScaler: its scale and growth tracker live on the device; unscale_ allocates
-    found_inf and inv_scale and rewrites every gradient in place before the step."""
-    persistent = []
-    for name, dtype in (("grad_scaler.scale", "fp32"), ("grad_scaler.growth_tracker", "int32")):
-        tensor = Tensor(ids(), name, DTYPE_BYTES[dtype], OTHER, dtype, (1,), persistent=True)
-        tensors[tensor.id] = tensor
-        persistent.append(tensor.id)
-    temps = []
-    for name in ("grad_scaler.found_inf", "grad_scaler.inv_scale"):
-        tensor = Tensor(ids(), name, 4, OTHER, "fp32", (1,))
-        tensors[tensor.id] = tensor
-        temps.append(tensor.id)
-    grad_bytes = sum(p.numel * DTYPE_BYTES[p.grad_dtype] for p in params)
-    unscale = Op("grad_scaler.unscale", "optimizer", "optimizer", flops=2.0 * sum(p.numel for p in params),
-                 bytes_read=grad_bytes, bytes_written=grad_bytes, dtype="fp32", allocs=tuple(temps),
-                 frees=tuple(temps))
-    return persistent, unscale
-
-
 def _check_data_parallel(recipe: Recipe) -> None:
     if not isinstance(recipe.dp, int) or recipe.dp < 1:
         raise PlanError(f"parallel.dp = {recipe.dp!r} must be a positive integer")
@@ -154,6 +137,17 @@ def _check_data_parallel(recipe: Recipe) -> None:
         raise PlanError(f"parallel.bucket_size = {recipe.bucket_size_bytes!r} must be a positive number of bytes")
     check_compression(recipe.compression, dp=recipe.dp, zero_stage=recipe.zero_stage, framework=recipe.framework,
                       precision=recipe.precision, optimizer=recipe.optimizer)
+    check_loss_scale(recipe.precision, recipe.framework, recipe.loss_scale, recipe.skipped_steps_fraction)
+
+
+@dataclass(frozen=True)
+class ScalerUse:
+    """An fp16 loss scaler as a rank's step uses it: the scaler, the gradients it checks, whether the optimizer
+    unscales them itself (torch's fused Adam(W)). ZeRO's sharded step re-makes its kernels over the shard."""
+
+    scaler: LossScaler
+    params: tuple[MasterParam, ...]
+    self_unscaling: bool
 
 
 @dataclass
@@ -166,6 +160,7 @@ class ModelStates:
     master: list[MasterParam]        # what the optimizer updates, parameter order
     state_tensors: list[Tensor]      # created at the first optimizer step
     optimizer_ops: list[Op]
+    loss_scaler: ScalerUse | None = None    # fp16-mixed: the loss scaler and what it unscales
 
 
 def workspace_first_use(ops: list[Op], workspaces: tuple[list[int], list[int]]
@@ -222,11 +217,15 @@ def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, id
         for tensor in state_tensors:
             tensors[tensor.id] = tensor
         opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
+    use = None
     if recipe.precision == "fp16-mixed":
-        scaler, unscale = _grad_scaler(ids, tensors, master)
-        persistent += scaler
-        opt_ops = [unscale] + opt_ops
-    return ModelStates(persistent, workspaces, grad_buffers, master, state_tensors, opt_ops)
+        scaler = make_loss_scaler(recipe.framework, recipe.loss_scale, ids, tensors)
+        persistent += scaler.state
+        use = ScalerUse(scaler, tuple(master), recipe.framework == "torch" and recipe.optimizer == "adamw"
+                        and recipe.optimizer_implementation == "fused")
+        before, after = scaler.ops(master, ids, tensors, self_unscaling=use.self_unscaling)
+        opt_ops = before + opt_ops + after
+    return ModelStates(persistent, workspaces, grad_buffers, master, state_tensors, opt_ops, use)
 
 
 def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
@@ -309,7 +308,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         optimizer=opt_ops,
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs),
-        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp},
+        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler},
         first_use=first_use,
     )
     if recipe.dp == 1:
