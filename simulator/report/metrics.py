@@ -104,6 +104,11 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     if oom is not None:
         warnings.append(f"out of memory in {oom.op} allocating {oom.tensor} ({oom.requested_bytes} bytes); "
                         f"the run continued without a limit, so the peaks show what the job needs")
+        fraction = getattr(scenario.allocator, "memory_fraction", 1.0)
+        if fraction < 1.0:
+            warnings.append(f"allocator.memory_fraction = {fraction!r} caps the caching allocator at "
+                            f"{cluster.allocator_capacity_bytes} bytes of {device.memory_bytes} "
+                            f"(torch.cuda.set_per_process_memory_fraction); the rest of the card stays unused")
     elif reserved_total > 0.95 * device.memory_bytes:
         warnings.append("peak reserved memory is within 5% of the device capacity")
     if scenario.parallel.zero_stage and scenario.parallel.dp == 1:

@@ -114,16 +114,16 @@ def positive_float(value: object) -> float:
     return number
 
 
-def fraction_below_one(value: object) -> float:
-    """Parser for a fraction in [0, 1)."""
+def unit_fraction(value: object) -> float:
+    """Parser for a fraction in (0, 1]."""
     number = to_float(value)
-    if not 0.0 <= number < 1.0:
-        raise Invalid("must be a number in [0, 1)")
+    if not 0.0 < number <= 1.0:
+        raise Invalid("must be a number in (0, 1]")
     return number
 
 
-def dropout_probability(value: object) -> float:
-    """Parser for a probability in [0, 1)."""
+def fraction_below_one(value: object) -> float:
+    """Parser for a probability or fraction in [0, 1)."""
     number = to_float(value)
     if not 0.0 <= number < 1.0:
         raise Invalid("must be a number in [0, 1)")
@@ -344,7 +344,7 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("norm_eps", positive_float, None, "float > 0", "normalisation epsilon", "gpt/llama: 1e-5; bert/vit: 1e-12"),
     _k("bias", boolean, None, "bool", "linear layers have biases", "llama: false; others: true"),
     _k("attention", choice(ATTENTIONS), "flash", " | ".join(ATTENTIONS), "fused (flash/SDPA) or eager attention"),
-    _k("dropout", dropout_probability, None, "float in [0, 1)", "dropout probability (residual, attention, embeddings)", "gpt/bert: 0.1; llama/vit: 0.0"),
+    _k("dropout", fraction_below_one, None, "float in [0, 1)", "dropout probability (residual, attention, embeddings)", "gpt/bert: 0.1; llama/vit: 0.0"),
     _k("tied_embeddings", boolean, None, "bool", "output head shares the token embedding", "gpt/bert: true; llama/vit: false"),
     _k("post_norm", boolean, None, "bool", "normalisation after the residual add (BERT) instead of before", "bert: true; others: false"),
     _k("rope_theta", positive_float, None, "float > 0", "rotary embedding base (llama only)", "llama: 10000.0"),
@@ -397,6 +397,7 @@ ALLOCATOR_KEYS: tuple[KeySpec, ...] = (
     _k("max_split_size", max_split_size, None, '"unlimited" | size >= 20 MiB', "PYTORCH_ALLOC_CONF max_split_size (None = unlimited)", '"unlimited"'),
     _k("roundup_power2_divisions", roundup_power2_divisions, None, '"none" | 1 | 2 | 4 | 8 | 16', "PYTORCH_ALLOC_CONF roundup_power2_divisions", '"none"'),
     _k("expandable_segments", boolean, False, "bool", "PYTORCH_ALLOC_CONF expandable_segments"),
+    _k("memory_fraction", unit_fraction, 1.0, "float in (0, 1]", "torch.cuda.set_per_process_memory_fraction: the caching allocator's reserved bytes may not pass this fraction of the device's total memory (1.0: not set)"),
     _k("context_bytes", context_bytes, None, '"auto" | size', "memory outside the allocator (CUDA context, NCCL, cuBLAS); auto = the device's value", '"auto"'),
 )
 
@@ -583,6 +584,7 @@ class AllocatorConfig:
     max_split_size: int | None = None
     roundup_power2_divisions: int | None = None
     expandable_segments: bool = False
+    memory_fraction: float = 1.0
     context_bytes: int | None = None
 
     @property
