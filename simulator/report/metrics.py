@@ -111,6 +111,11 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
                             f"(torch.cuda.set_per_process_memory_fraction); the rest of the card stays unused")
     elif reserved_total > 0.95 * device.memory_bytes:
         warnings.append("peak reserved memory is within 5% of the device capacity")
+    dts = workload.meta.get("dtypes")
+    if scenario.model.share_layers and scenario.training.recompute != "none" and getattr(dts, "autocast", None):
+        warnings.append("model.share_layers with autocast and training.recompute: torch casts the shared weights "
+                        "again in every recomputed layer (each with its own backward); memsim replays one cast, "
+                        "and under-predicts (-2.2% on a measured LLaMA case, docs/validation.md)")
     if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
         warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
     rank = {

@@ -346,6 +346,7 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("attention", choice(ATTENTIONS), "flash", " | ".join(ATTENTIONS), "fused (flash/SDPA) or eager attention"),
     _k("dropout", fraction_below_one, None, "float in [0, 1)", "dropout probability (residual, attention, embeddings)", "gpt/bert: 0.1; llama/vit: 0.0"),
     _k("tied_embeddings", boolean, None, "bool", "output head shares the token embedding", "gpt/bert: true; llama/vit: false"),
+    _k("share_layers", boolean, False, "bool", "ALBERT's cross-layer sharing: every transformer layer runs with the first layer's parameters (one set of weights and optimizer states; gradients summed over the uses; activations per layer)"),
     _k("post_norm", boolean, None, "bool", "normalisation after the residual add (BERT) instead of before", "bert: true; others: false"),
     _k("rope_theta", positive_float, None, "float > 0", "rotary embedding base (llama only)", "llama: 10000.0"),
     _k("type_vocab_size", _POS, None, "int >= 1", "token-type embeddings (bert only)", "bert: 2"),
@@ -461,6 +462,7 @@ class ModelConfig:
     dropout: float
     tied_embeddings: bool
     post_norm: bool
+    share_layers: bool = False
     preset: str | None = None
     hf_config: str | None = None
     rope_theta: float | None = None

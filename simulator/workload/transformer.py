@@ -44,6 +44,7 @@ class Shape:
     channels: int = 3
     classes: int = 1000
     type_vocab: int = 2
+    shared_layers: bool = False     # ALBERT: every layer uses the first layer's parameters
 
     @property
     def head_dim(self) -> int:
@@ -177,6 +178,10 @@ class TransformerBuilder:
                 self.top["wtt"] = self._p("token_type_embeddings.weight", (m.type_vocab, h))
                 self.top.update({f"emb_ln_{k}": v for k, v in self._norm_params("embeddings.LayerNorm").items()})
         for i in self.layer_range:
+            if m.shared_layers and self.layers:
+                # ALBERT: one set of layer parameters, used by every layer (autograd sums their gradients).
+                self.layers[i] = self.layers[self.layer_range.start]
+                continue
             layer: dict[str, Ref] = {}
             pre = f"layers.{i}"
             layer.update({f"ln1_{k}": v for k, v in self._norm_params(f"{pre}.ln_1").items()})
@@ -230,6 +235,9 @@ class TransformerBuilder:
         if m.architecture == "gpt":
             # One bool (1, 1, P, P) causal-mask buffer per layer, as HF GPT-2 / nanoGPT register it.
             for i in self.layer_range:
+                if m.shared_layers and self.causal:
+                    self.causal[i] = self.causal[self.layer_range.start]     # the shared layer's buffer
+                    continue
                 ref = ops.buffer(f"layers.{i}.attn.bias", (1, 1, m.positions, m.positions), "bool")
                 self.buffers.append(ref)
                 self.causal[i] = ref
