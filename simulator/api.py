@@ -53,7 +53,7 @@ def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
         activation=m.activation, norm=m.norm, bias=m.bias, attention=m.attention,
         dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
         patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
-        type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers)
+        type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
@@ -101,6 +101,9 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
     if recompute.startswith("segments:") and int(recompute.split(":")[1]) > m.num_layers:
         raise PlanError(f"{src}: training.recompute = {recompute!r}: more segments than "
                         f"model.num_layers = {m.num_layers}")
+    if m.attention == "linformer" and p.tp > 1:
+        raise PlanError(f"{src}: model.attention = 'linformer' with parallel.tp = {p.tp}: Megatron-LM's tensor "
+                        f"parallelism has no Linformer layer; allowed: tp = 1")
     if m.share_layers and p.pp > 1:
         raise PlanError(f"{src}: model.share_layers = true with parallel.pp = {p.pp}: the shared layer's parameters "
                         f"would live on every pipeline stage with their gradients summed across stages, which is "

@@ -75,3 +75,49 @@ def test_shared_layers_with_autocast_recompute_warns():
     report = simulate(scenario_from_dict({**_doc(share_layers=True), "training": {
         "micro_batch_size": 2, "precision": "bf16-mixed", "recompute": "full"}})).report
     assert any("model.share_layers with autocast and training.recompute" in w for w in report["warnings"])
+
+
+# ------------------------------------------------------------------------------- Linformer
+def test_linformer_scores_are_n_by_k_and_e_f_are_parameters():
+    kk = 16
+    doc = _doc(attention="linformer", linformer_k=kk)
+    workload = _workload(doc)
+    shape = model_shape(scenario_from_dict(doc))
+    extra = model_parameter_count(shape) - model_parameter_count(model_shape(scenario_from_dict(_doc(attention="eager"))))
+    assert extra == 6 * 2 * kk * 64                  # E and F, (k x n) each, per layer
+    scores = [op for op in workload.first_microbatch if op.name.endswith(".attn.scores")]
+    assert len(scores) == 6
+    b, nh, s = 2, 4, 64
+    for op in scores:
+        assert op.gemm_mnk == (s, kk, 128 // nh) and op.gemm_batch == b * nh
+        assert op.bytes_written == b * nh * s * kk * 2          # bf16 under autocast
+    projections = [op for op in workload.first_microbatch if op.name.endswith((".proj_k", ".proj_v"))]
+    assert len(projections) == 12 and all(op.gemm_mnk == (2 * 128, kk, s) for op in projections)
+
+
+def test_linformer_saves_less_than_eager_attention():
+    eager = simulate(scenario_from_dict(_doc(attention="eager", seq_length=256, num_layers=2))).report
+    linear = simulate(scenario_from_dict(_doc(attention="linformer", linformer_k=32, seq_length=256,
+                                              num_layers=2))).report
+    peak = lambda r: r["ranks"][0]["category_peaks"][ACTIVATIONS]           # noqa: E731
+    assert peak(linear) < peak(eager)
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"architecture": "gpt", "attention": "linformer", "linformer_k": 8}, "has no causal form"),
+    ({"attention": "linformer"}, "model.linformer_k is missing"),
+    ({"attention": "linformer", "linformer_k": 64}, "must be less than the sequence length = 64"),
+    ({"attention": "eager", "linformer_k": 8}, "applies only to model.attention = 'linformer'"),
+])
+def test_linformer_refusals(model, message):
+    from simulator.errors import ScenarioError
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict(_doc(**model))
+
+
+def test_linformer_with_tensor_parallelism_is_refused():
+    doc = _doc(attention="linformer", linformer_k=8)
+    doc["parallel"] = {"tp": 2}
+    doc["cluster"] = {"topology": "pcie-4x4090"}
+    with pytest.raises(PlanError, match="with parallel.tp = 2"):
+        simulate(scenario_from_dict(doc))

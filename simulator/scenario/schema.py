@@ -13,7 +13,7 @@ from simulator import units
 ARCHITECTURES = ("gpt", "llama", "bert", "vit")
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
-ATTENTIONS = ("flash", "eager")
+ATTENTIONS = ("flash", "eager", "linformer")
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp8-mixed")
 FRAMEWORKS = ("torch", "megatron", "deepspeed")
 OPTIMIZERS = ("adamw", "adam-8bit", "sgd", "sgd-momentum", "adafactor")
@@ -343,7 +343,8 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("norm", choice(NORMS), None, " | ".join(NORMS), "normalisation layer", "llama: rmsnorm; others: layernorm"),
     _k("norm_eps", positive_float, None, "float > 0", "normalisation epsilon", "gpt/llama: 1e-5; bert/vit: 1e-12"),
     _k("bias", boolean, None, "bool", "linear layers have biases", "llama: false; others: true"),
-    _k("attention", choice(ATTENTIONS), "flash", " | ".join(ATTENTIONS), "fused (flash/SDPA) or eager attention"),
+    _k("attention", choice(ATTENTIONS), "flash", " | ".join(ATTENTIONS), "fused (flash/SDPA), eager, or Linformer's low-rank attention (bert and vit: it has no causal form)"),
+    _k("linformer_k", _POS, None, "int >= 1", "Linformer: keys and values projected along the sequence to this length (< seq_length); required with attention = linformer", "none"),
     _k("dropout", fraction_below_one, None, "float in [0, 1)", "dropout probability (residual, attention, embeddings)", "gpt/bert: 0.1; llama/vit: 0.0"),
     _k("tied_embeddings", boolean, None, "bool", "output head shares the token embedding", "gpt/bert: true; llama/vit: false"),
     _k("share_layers", boolean, False, "bool", "ALBERT's cross-layer sharing: every transformer layer runs with the first layer's parameters (one set of weights and optimizer states; gradients summed over the uses; activations per layer)"),
@@ -463,6 +464,7 @@ class ModelConfig:
     tied_embeddings: bool
     post_norm: bool
     share_layers: bool = False
+    linformer_k: int | None = None
     preset: str | None = None
     hf_config: str | None = None
     rope_theta: float | None = None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from simulator.errors import PlanError
 from simulator.workload.graph import OTHER
+from simulator.workload.linformer import linformer_core, linformer_parameters
 from simulator.workload.primitives import Ops
 from simulator.workload.tape import Ref
 
@@ -45,6 +46,7 @@ class Shape:
     classes: int = 1000
     type_vocab: int = 2
     shared_layers: bool = False     # ALBERT: every layer uses the first layer's parameters
+    linformer_k: int = 0            # attention "linformer": the projected sequence length
 
     @property
     def head_dim(self) -> int:
@@ -195,6 +197,8 @@ class TransformerBuilder:
                               self._linear_params(f"{pre}.c_attn", h, (h + 2 * kvd) // t).items()})
                 layer.update({f"o_{k}": v for k, v in
                               self._linear_params(f"{pre}.attn.c_proj", h // t, h).items()})
+            if m.attention == "linformer":
+                layer.update(linformer_parameters(self, pre))
             layer.update({f"ln2_{k}": v for k, v in self._norm_params(f"{pre}.ln_2").items()})
             if m.activation == "swiglu":
                 for proj in ("gate", "up"):
@@ -471,6 +475,9 @@ class TransformerBuilder:
             contiguous_out = True
         elif m.attention == "flash":
             y = self._math_sdpa_core(q, k, v, pre)
+            contiguous_out = False
+        elif m.attention == "linformer":
+            y = linformer_core(self, i, q, k, v, pre)
             contiguous_out = False
         else:
             y = self._eager_core(q, k, v, pre)
