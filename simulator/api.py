@@ -20,6 +20,7 @@ from simulator.trace.records import Trace
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.compression import Compression, check_compression
 from simulator.workload.loss_scaler import check_loss_scale, skipped_step
+from simulator.workload.sparsity import check_sparsity
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
 
@@ -53,7 +54,8 @@ def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
         activation=m.activation, norm=m.norm, bias=m.bias, attention=m.attention,
         dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
         patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
-        type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0)
+        type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0,
+        mlp_sparsity=scenario.training.sparsity)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
@@ -133,6 +135,17 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
                             f"version (allowed: 'none')")
 
 
+def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
+    """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores), with the file."""
+    m, h = scenario.model, scenario.model.hidden_size
+    shapes = [(m.ffn_hidden_size, h), (h, m.ffn_hidden_size)]
+    try:
+        check_sparsity(scenario.training.sparsity, precision=scenario.training.precision, tp=scenario.parallel.tp,
+                       device=device.name, speedup=device.sparse_gemm_speedup, mlp_shapes=shapes)
+    except PlanError as error:
+        raise PlanError(f"{scenario.source}: {error}") from None
+
+
 def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
     """The iteration workload of the scenario's (single) rank."""
     return build_iteration(model_shape(scenario), recipe_for(scenario, device), kernel_profile(device))
@@ -154,6 +167,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     device = cluster.device
+    _check_device_options(scenario, device)
     recipe = recipe_for(scenario, device)
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
@@ -225,6 +239,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
 
     cluster = resolve_cluster(scenario)
     device = cluster.device
+    _check_device_options(scenario, device)
     p = scenario.parallel
     if cluster.topology is None and p.dp * p.tp * p.pp > 1:
         _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key

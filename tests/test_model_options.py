@@ -121,3 +121,60 @@ def test_linformer_with_tensor_parallelism_is_refused():
     doc["cluster"] = {"topology": "pcie-4x4090"}
     with pytest.raises(PlanError, match="with parallel.tp = 2"):
         simulate(scenario_from_dict(doc))
+
+
+# ------------------------------------------------------------------------------- 2:4 sparsity
+def _sparse_doc(sparsity: str = "2:4", precision: str = "bf16", topology: str = "h100-sxm") -> dict:
+    return {"name": "sparse",
+            "model": {"architecture": "gpt", "num_layers": 2, "hidden_size": 512, "num_attention_heads": 8,
+                      "vocab_size": 1024, "seq_length": 256, "dropout": 0.0},
+            "training": {"micro_batch_size": 4, "precision": precision, "sparsity": sparsity},
+            "cluster": {"topology": topology}, "run": {"warmup_iterations": 1}}
+
+
+def test_compressed_weight_is_half_the_values_plus_an_eighth_of_metadata():
+    from simulator.workload.sparsity import compressed_weight_bytes
+    assert compressed_weight_bytes(2048, 512, "bf16") == 2048 * 512 * 2 // 2 + 2048 * 512 // 8
+    assert compressed_weight_bytes(2048, 512, "bf16") / (2048 * 512 * 2) == 0.5625      # 1.78x smaller
+
+
+def test_sparse_mlp_saves_both_packs_and_the_bitmask_and_keeps_dense_weights():
+    dense, sparse = _workload(_sparse_doc("none")), _workload(_sparse_doc())
+    packs = [t for t in sparse.tensors.values() if t.name.endswith((".packed", ".packed_t", ".bitmask"))]
+    h, ffn = 512, 2048
+    per_layer = 2 * 2 * (h * ffn + h * ffn // 8) + 2 * h * ffn // 8       # fc1 and fc2: two packs + a bitmask each
+    assert sum(t.nbytes for t in packs) == 2 * per_layer
+    params = lambda w: sum(t.nbytes for t in w.tensors.values() if t.category == PARAMETERS and t.persistent)  # noqa: E731
+    assert params(sparse) == params(dense)
+    classes = {op.name.rsplit(".", 1)[-1]: op.op_class for op in sparse.first_microbatch if ".mlp." in op.name}
+    assert classes["c_fc"] == "sparse_gemm" and classes["c_proj"] == "sparse_gemm"
+
+
+def test_sparse_gemms_run_at_twice_the_dense_rate():
+    from simulator.hardware.catalog import get_device
+    from simulator.hardware.cost import effective_flop_per_s
+    from simulator.workload.graph import GEMM, SPARSE_GEMM, Op
+    device = get_device("h100-sxm")
+    dense = Op("g", GEMM, "fwd", flops=2.0 * 8192 ** 3, dtype="bf16", gemm_mnk=(8192, 8192, 8192))
+    sparse = Op("g", SPARSE_GEMM, "fwd", flops=2.0 * 8192 ** 3, dtype="bf16", gemm_mnk=(8192, 8192, 8192))
+    assert effective_flop_per_s(sparse, device) == 2 * effective_flop_per_s(dense, device)
+    # The weight is re-sparsified every forward (a pass over it): the sparse GEMMs win only with enough rows.
+    wide = {"hidden_size": 2048, "num_attention_heads": 16}
+    def run(sparsity):
+        doc = _sparse_doc(sparsity)
+        doc["model"].update(wide)
+        doc["training"]["micro_batch_size"] = 32
+        return simulate(scenario_from_dict(doc)).report
+    a, b = run("none"), run("2:4")
+    assert b["time_breakdown"]["forward_s"] < a["time_breakdown"]["forward_s"]
+    assert b["ranks"][0]["category_peaks"][ACTIVATIONS] > a["ranks"][0]["category_peaks"][ACTIVATIONS]
+
+
+@pytest.mark.parametrize("doc, message", [
+    (_sparse_doc(precision="bf16-mixed"), "it needs training.precision = 'bf16'"),
+    (_sparse_doc(topology="mi300x"), "device 'mi300x' has no sparse tensor cores"),
+    (_sparse_doc(topology="cpu"), "device 'cpu' has no sparse tensor cores"),
+])
+def test_sparsity_refusals(doc, message):
+    with pytest.raises(PlanError, match=message):
+        simulate(scenario_from_dict(doc))

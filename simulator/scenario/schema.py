@@ -22,6 +22,7 @@ ACTIVATION_COMPRESSIONS = ("none", "int8")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 COMPRESSION_STAGES = ("compressed", "warmup")
+SPARSITIES = ("none", "2:4")
 ALLOCATOR_KINDS = ("caching", "exact", "auto")
 SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run")
 MAX_INT = 2**63 - 1  # largest count or size accepted (int64, what numpy and torch can hold)
@@ -366,6 +367,7 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("optimizer_implementation", choice(OPTIMIZER_IMPLEMENTATIONS), "auto", " | ".join(OPTIMIZER_IMPLEMENTATIONS), "torch optimizer kernel style; auto = what torch picks on the device (megatron, deepspeed on a GPU: their fused Adam)"),
     _k("recompute", recompute_mode, "none", 'none | selective | full | "segments:N"', "activation checkpointing (segments:N = checkpoint_sequential)"),
     _k("activation_compression", choice(ACTIVATION_COMPRESSIONS), "none", " | ".join(ACTIVATION_COMPRESSIONS), "compression of saved activations"),
+    _k("sparsity", choice(SPARSITIES), "none", " | ".join(SPARSITIES), "2:4 semi-structured sparsity of the MLP linears in training, as torchao's SemiSparseLinear (bf16, sparse tensor cores; docs/model-options.md)"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "fp16-mixed loss scaling: dynamic (torch GradScaler, Megatron DynamicGradScaler, DeepSpeed DynamicLossScaler) or a static scale (Megatron, DeepSpeed); other precisions: dynamic only"),
     _k("skipped_steps_fraction", fraction_below_one, 0.0, "float in [0, 1)", "fp16-mixed: share of iterations whose optimizer step the loss scaler skips (an overflow); iteration_time_s averages both kinds"),
     _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
@@ -499,6 +501,7 @@ class TrainingConfig:
     optimizer_implementation: str = "auto"
     recompute: str = "none"
     activation_compression: str = "none"
+    sparsity: str = "none"
     loss_scale: str | float = "dynamic"
     skipped_steps_fraction: float = 0.0
     vocab_divisible_by: int = 1

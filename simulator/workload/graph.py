@@ -27,7 +27,8 @@ EMBEDDING = "embedding"        # gathers and scatters (embedding lookup and its 
 OPTIMIZER = "optimizer"        # optimizer update kernels
 COPY = "copy"                  # memory copies (contiguous, transpose, cast to another buffer)
 COLLECTIVE = "collective"      # a communication kernel (NCCL): see Op.collective, Op.group, Op.comm_bytes
-OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY, COLLECTIVE)
+SPARSE_GEMM = "sparse_gemm"    # a 2:4 semi-structured sparse matmul (sparse tensor cores); flops are dense-equivalent
+OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY, COLLECTIVE, SPARSE_GEMM)
 
 # Collectives (NCCL / torch.distributed names) and the process groups they run on.
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from simulator.errors import PlanError
 from simulator.workload.graph import OTHER
 from simulator.workload.linformer import linformer_core, linformer_parameters
+from simulator.workload.sparsity import sparse_linear
 from simulator.workload.primitives import Ops
 from simulator.workload.tape import Ref
 
@@ -47,6 +48,7 @@ class Shape:
     type_vocab: int = 2
     shared_layers: bool = False     # ALBERT: every layer uses the first layer's parameters
     linformer_k: int = 0            # attention "linformer": the projected sequence length
+    mlp_sparsity: str = "none"      # "2:4": the MLP linears run torchao's SemiSparseLinear (workload/sparsity.py)
 
     @property
     def head_dim(self) -> int:
@@ -346,16 +348,25 @@ class TransformerBuilder:
         p = self.layers[i]
         pre = f"layers.{i}.mlp"
         xin = self._column_input(x, f"{pre}.column_input")
-        if m.activation == "swiglu":
-            gate = self._column_linear(xin, x, p, "gate", f"{pre}.gate_proj")
-            act = ops.unary(gate, f"{pre}.silu", 4.0)
-            up = self._column_linear(xin, x, p, "up", f"{pre}.up_proj")
-            prod = ops.mul(act, up, f"{pre}.mul")
-            out = self._row_linear(prod, p, "down", f"{pre}.down_proj")
+        if m.mlp_sparsity == "2:4":        # tp = 1 (api refuses 2:4 with tensor parallelism)
+            def column(inp: Ref, _shard: Ref, params: dict[str, Ref], key: str, name: str) -> Ref:
+                return sparse_linear(ops, inp, params[f"{key}_w"], params.get(f"{key}_b"), name)
+            row = column
         else:
-            hidden = self._column_linear(xin, x, p, "fc1", f"{pre}.c_fc")
+            column = self._column_linear
+
+            def row(inp: Ref, _shard: Ref, params: dict[str, Ref], key: str, name: str) -> Ref:
+                return self._row_linear(inp, params, key, name)
+        if m.activation == "swiglu":
+            gate = column(xin, x, p, "gate", f"{pre}.gate_proj")
+            act = ops.unary(gate, f"{pre}.silu", 4.0)
+            up = column(xin, x, p, "up", f"{pre}.up_proj")
+            prod = ops.mul(act, up, f"{pre}.mul")
+            out = row(prod, prod, p, "down", f"{pre}.down_proj")
+        else:
+            hidden = column(xin, x, p, "fc1", f"{pre}.c_fc")
             act = ops.unary(hidden, f"{pre}.gelu", 8.0)
-            out = self._row_linear(act, p, "fc2", f"{pre}.c_proj")
+            out = row(act, act, p, "fc2", f"{pre}.c_proj")
         self.tape.hold(x, xin)             # the module's argument lives until forward returns
         return out
 
