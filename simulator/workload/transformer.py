@@ -348,25 +348,18 @@ class TransformerBuilder:
         p = self.layers[i]
         pre = f"layers.{i}.mlp"
         xin = self._column_input(x, f"{pre}.column_input")
-        if m.mlp_sparsity == "2:4":        # tp = 1 (api refuses 2:4 with tensor parallelism)
-            def column(inp: Ref, _shard: Ref, params: dict[str, Ref], key: str, name: str) -> Ref:
-                return sparse_linear(ops, inp, params[f"{key}_w"], params.get(f"{key}_b"), name)
-            row = column
-        else:
-            column = self._column_linear
+        def linear(inp: Ref, key: str, name: str, row: bool) -> Ref:
+            if m.mlp_sparsity == "2:4":    # torchao SemiSparseLinear (tp = 1: api refuses 2:4 with tp > 1)
+                return sparse_linear(ops, inp, p[f"{key}_w"], p.get(f"{key}_b"), name)
+            return self._row_linear(inp, p, key, name) if row else self._column_linear(inp, x, p, key, name)
 
-            def row(inp: Ref, _shard: Ref, params: dict[str, Ref], key: str, name: str) -> Ref:
-                return self._row_linear(inp, params, key, name)
         if m.activation == "swiglu":
-            gate = column(xin, x, p, "gate", f"{pre}.gate_proj")
-            act = ops.unary(gate, f"{pre}.silu", 4.0)
-            up = column(xin, x, p, "up", f"{pre}.up_proj")
-            prod = ops.mul(act, up, f"{pre}.mul")
-            out = row(prod, prod, p, "down", f"{pre}.down_proj")
+            act = ops.unary(linear(xin, "gate", f"{pre}.gate_proj", False), f"{pre}.silu", 4.0)
+            up = linear(xin, "up", f"{pre}.up_proj", False)
+            out = linear(ops.mul(act, up, f"{pre}.mul"), "down", f"{pre}.down_proj", True)
         else:
-            hidden = column(xin, x, p, "fc1", f"{pre}.c_fc")
-            act = ops.unary(hidden, f"{pre}.gelu", 8.0)
-            out = row(act, act, p, "fc2", f"{pre}.c_proj")
+            act = ops.unary(linear(xin, "fc1", f"{pre}.c_fc", False), f"{pre}.gelu", 8.0)
+            out = linear(act, "fc2", f"{pre}.c_proj", True)
         self.tape.hold(x, xin)             # the module's argument lives until forward returns
         return out
 
