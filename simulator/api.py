@@ -17,9 +17,9 @@ from simulator.report.metrics import blend_skipped_steps, build_report, measured
 from simulator.scenario import Scenario
 from simulator.topology import resolve_cluster
 from simulator.trace.records import Trace
-from simulator.workload.primitives import KernelProfile
 from simulator.workload.compression import Compression, check_compression
 from simulator.workload.loss_scaler import check_loss_scale, skipped_step
+from simulator.workload.primitives import KernelProfile
 from simulator.workload.sparsity import check_sparsity
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
