@@ -15,7 +15,7 @@ from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import lower_single_rank
 from simulator.report.metrics import blend_skipped_steps, build_report, measured_window
 from simulator.scenario import Scenario
-from simulator.topology import resolve_cluster
+from simulator.topology import Cluster, resolve_cluster
 from simulator.trace.records import Trace
 from simulator.workload.compression import Compression, check_compression
 from simulator.workload.loss_scaler import check_loss_scale, skipped_step
@@ -230,12 +230,28 @@ def simulate_multi(scenario: Scenario, *, timelines: bool = True, memory_workers
             gc.enable()
 
 
-def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | None) -> Result:
-    """simulate_multi's work, with the garbage collector paused."""
-    from simulator.parallel.lower_multi import lower_multi
+def check_scenario(scenario: Scenario) -> Cluster:
+    """Raise the MemsimError `simulate(scenario)` would raise before it runs, without building or running anything.
+
+    The same checks in the same order: the plan's rules, the cluster (device, topology, calibration, context),
+    the parallel plan on the topology and the pipeline schedule. Cheap (milliseconds): sweeps call it on
+    every point to list the invalid ones with the reason a run would give.
+
+    Returns:
+        The resolved `Cluster` (device, nodes, topology).
+    """
+    p = scenario.parallel
+    if p.dp * p.tp * p.pp > 1:
+        _check_plan(scenario, multi=True)
+        return _multi_setup(scenario)[0]
+    _check_plan(scenario)
+    return resolve_cluster(scenario)
+
+
+def _multi_setup(scenario: Scenario) -> tuple:
+    """What a multi-rank simulation resolves before lowering: (cluster, topology, plan, recipe, schedule)."""
     from simulator.parallel.plan import make_plan
     from simulator.parallel.schedule_check import load_schedule
-    from simulator.report.metrics import build_multi_report
 
     cluster = resolve_cluster(scenario)
     device = cluster.device
@@ -246,8 +262,18 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
     plan = make_plan(scenario, topology)
     recipe = multi_recipe(scenario, device)
-    p = scenario.parallel
     schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    return cluster, topology, plan, recipe, schedule
+
+
+def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | None) -> Result:
+    """simulate_multi's work, with the garbage collector paused."""
+    from simulator.parallel.lower_multi import lower_multi
+    from simulator.report.metrics import build_multi_report
+
+    cluster, topology, plan, recipe, schedule = _multi_setup(scenario)
+    device = cluster.device
+    p = scenario.parallel
     shape, profile = model_shape(scenario), kernel_profile(device)
     workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None
     full = scenario.run.full and plan.world_size > 1

@@ -75,7 +75,7 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
             program.append(Alloc(workload.microbatch_inputs, f"micro-batch {microbatch} inputs"))
             runs = first if microbatch == 0 else later
             if it == 0 and microbatch == 0 and workload.first_use:
-                program.extend(_with_first_use(runs, dict(workload.first_use)))
+                program.extend(_with_first_use(runs, first_use_by_name(workload.first_use)))
             else:
                 program.extend(_retag(runs, it))
             program.append(Free(workload.microbatch_inputs, f"micro-batch {microbatch} done"))
@@ -85,6 +85,16 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
         program.append(Free(workload.gradients, "zero_grad(set_to_none=True)"))
         program.append(Mark("iteration_end", it))
     return Program(rank, device.name, stage, tensors, {COMPUTE: tuple(program)})
+
+
+def first_use_by_name(first_use: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, tuple[int, ...]]:
+    """Lazily allocated tensor groups by the op name they wait for. Two groups can wait for ops of one name (a
+    stage of one fully recomputed layer: its first forward GEMM and the first GEMM of its backward, the
+    recomputed one, share a name): both are then allocated at the first op of that name, none dropped."""
+    merged: dict[str, tuple[int, ...]] = {}
+    for name, ids in first_use:
+        merged[name] = merged.get(name, ()) + tuple(ids)
+    return merged
 
 
 def _with_first_use(runs: list[Run], first_use: dict[str, tuple[int, ...]]) -> list[Instruction]:

@@ -453,7 +453,11 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
     # backward GEMM the rank runs, whichever chunk that belongs to.
     first = mine[min(mine)]
     forward_names = {o.name for o in first.microbatches[0].forward}
-    streams.first_gemm = {name in forward_names: ids for name, ids in first.first_use}
+    # The forward handle's group comes first (training.workspace_first_use); a backward group whose first GEMM is a
+    # recomputed forward one has a forward op's name, so it is keyed by its order, not by its name.
+    for name, ids in first.first_use:
+        forward = name in forward_names and True not in streams.first_gemm
+        streams.first_gemm[forward] = streams.first_gemm.get(forward, ()) + tuple(ids)
     lowered = (schedule_steps if schedule_steps is not None else schedule_program(schedule))[stage]
     total = warmup_iterations + iterations
     for it in range(total):

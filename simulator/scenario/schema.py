@@ -26,7 +26,8 @@ OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 COMPRESSION_STAGES = ("compressed", "warmup")
 SPARSITIES = ("none", "2:4")
 ALLOCATOR_KINDS = ("caching", "exact", "auto")
-SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run")
+PRICINGS = ("rent", "own")
+SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run", "sweep")
 
 
 # Architecture-style defaults (HF GPT-2 / LLaMA-2 / BERT / ViT configurations).
@@ -71,6 +72,34 @@ def toml_text(value: object) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     return repr(value)
+
+
+def optional_positive(value: object) -> float | None:
+    """Parser for "none" (None) or a finite number > 0."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    try:
+        return positive_float(value)
+    except Invalid:
+        raise Invalid('must be a number > 0 or "none"') from None
+
+
+def grid_table(value: object) -> tuple[tuple[str, tuple], ...]:
+    """Parser for [sweep] grid: section.key = [values] (dotted keys or nested tables), in document order.
+
+    Only the shape is checked here; the loader checks each key path and each value against its key's parser.
+    """
+    if not isinstance(value, Mapping):
+        raise Invalid('must be a table of section.key = [values], e.g. [sweep.grid] parallel.tp = [1, 2]')
+    axes: list[tuple[str, tuple]] = []
+    for head, body in value.items():
+        items = body.items() if isinstance(body, Mapping) else [(None, body)]
+        for key, values in items:
+            path = str(head) if key is None else f"{head}.{key}"
+            if not isinstance(values, list) or not values or any(isinstance(v, (dict, list)) for v in values):
+                raise Invalid(f"{path} = {short_repr(values)}: must be a non-empty array of values")
+            axes.append((path, tuple(values)))
+    return tuple(axes)
 
 
 def _k(key: str, parse: Callable[[object], object], default: object, type_doc: str, doc: str,
@@ -166,6 +195,15 @@ RUN_KEYS: tuple[KeySpec, ...] = (
     _k("record_events", boolean, True, "bool", "keep allocator events (needed for the memory snapshot)"),
 )
 
+SWEEP_KEYS: tuple[KeySpec, ...] = (
+    _k("grid", grid_table, (), "table", "the sweep's axes: section.key = [values]; `memsim sweep` runs their product (--grid adds or replaces axes)", "{}"),
+    _k("fast", boolean, False, "bool", "evaluate every sweep point with the fast estimate only (`memsim sweep --fast`)"),
+    _k("tokens", optional_positive, None, 'float > 0 | "none"', "token budget for time to train, dollars and kWh (`--tokens`; sweep and compare)", "none"),
+    _k("prices", optional_path, None, 'path | "none"', "price and power table overriding topologies/costs/prices.toml (`--prices`; relative to the scenario file)", "none"),
+    _k("pricing", choice(PRICINGS), "rent", " | ".join(PRICINGS), "dollars from hourly rental, or from the purchase price amortised plus electricity (`--pricing`)"),
+    _k("amortization_years", optional_positive, None, 'float > 0 | "none"', "years over which owned hardware is written off (`--amortization-years`); none = the price table's", "none"),
+)
+
 TOP_LEVEL_KEYS: tuple[KeySpec, ...] = (
     _k("name", text, None, "str", "scenario name shown in reports", "the file name without .toml"),
     _k("description", string, "", "str", "free text"),
@@ -173,7 +211,7 @@ TOP_LEVEL_KEYS: tuple[KeySpec, ...] = (
 
 SECTION_KEYS: Mapping[str, tuple[KeySpec, ...]] = MappingProxyType({
     "model": MODEL_KEYS, "training": TRAINING_KEYS, "parallel": PARALLEL_KEYS,
-    "cluster": CLUSTER_KEYS, "allocator": ALLOCATOR_KEYS, "run": RUN_KEYS,
+    "cluster": CLUSTER_KEYS, "allocator": ALLOCATOR_KEYS, "run": RUN_KEYS, "sweep": SWEEP_KEYS,
 })
 
 
@@ -365,6 +403,18 @@ class RunConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """The [sweep] table: read by `memsim sweep` and `memsim compare`; a single run ignores it."""
+
+    grid: tuple[tuple[str, tuple], ...] = ()     # (section.key, values) in document order
+    fast: bool = False
+    tokens: float | None = None
+    prices: str | None = None
+    pricing: str = "rent"
+    amortization_years: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Scenario:
     """A loaded, validated scenario: every section resolved, every default filled in."""
 
@@ -377,3 +427,4 @@ class Scenario:
     allocator: AllocatorConfig
     run: RunConfig
     description: str = ""
+    sweep: SweepConfig = SweepConfig()

@@ -515,6 +515,8 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
     `workload` is an IterationWorkload or a pipeline StageWorkload (its `optimizer` and
     `optimizer_state_ids` are replaced); `total` = the elements of the parameters it updates.
     """
+    # The per-parameter step goes, the loss scaler's kernels too: they are made again below, over the shard
+    # (with their own temporaries).
     old_temps = [t for op in workload.optimizer for t in op.allocs]
     for tid in list(workload.optimizer_state_ids) + old_temps:
         tensors.pop(tid, None)
