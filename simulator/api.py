@@ -245,7 +245,9 @@ def check_scenario(scenario: Scenario) -> Cluster:
         _check_plan(scenario, multi=True)
         return _multi_setup(scenario)[0]
     _check_plan(scenario)
-    return resolve_cluster(scenario)
+    cluster = resolve_cluster(scenario)
+    _check_device_options(scenario, cluster.device)
+    return cluster
 
 
 def _multi_setup(scenario: Scenario) -> tuple:
