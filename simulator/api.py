@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from simulator import lifetime
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
-from simulator.errors import PlanError
+from simulator.errors import MemsimError, PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import lower_single_rank
 from simulator.report.metrics import blend_skipped_steps, build_report, measured_window
@@ -128,11 +128,10 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
         check_loss_scale(t.precision, t.framework, t.loss_scale, t.skipped_steps_fraction)
     except PlanError as error:
         raise PlanError(f"{src}: {error}") from None
-    for key in ("offload_optimizer", "offload_params", "offload_activations"):
-        value = getattr(p, key)
-        if value != "none":
-            raise PlanError(f"{src}: parallel.{key} = {value!r}: offload is not available in this "
-                            f"version (allowed: 'none')")
+    from simulator.offload.config import check_offload
+
+    t = scenario.training
+    check_offload(scenario, t.global_batch_size // (t.micro_batch_size * p.dp))
 
 
 def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
@@ -161,7 +160,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     chosen by the run's size and the cores available: simulator/engine/memory_worker.py). Results are the same.
     """
     p = scenario.parallel
-    if p.dp * p.tp * p.pp > 1:
+    if p.dp * p.tp * p.pp > 1 or _names_topology(scenario):
         _check_plan(scenario, multi=True)
         return simulate_multi(scenario, timelines=timelines, memory_workers=memory_workers)
     _check_plan(scenario)
@@ -195,12 +194,32 @@ def _allocator(scenario: Scenario, cluster):
                           record_events=scenario.run.record_events)
 
 
-def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
-    """recipe_for plus the parallel options (tp, sequence parallelism, dp, ZeRO, bucket size)."""
+def _names_topology(scenario: Scenario) -> bool:
+    """Whether cluster.topology names a topology (bundled or a file) rather than a catalog device, or offload asks
+    for one: such runs take the multi-rank path, whose network carries the offload traffic."""
+    from simulator.hardware.catalog import get_device
+    from simulator.network.topology import list_topologies
+    from simulator.offload.config import offloading
+
+    name = scenario.cluster.topology
+    try:
+        get_device(name)
+    except MemsimError:
+        return name in list_topologies() or name.endswith(".toml")
+    return offloading(scenario)
+
+
+def multi_recipe(scenario: Scenario, device: DeviceSpec, topology=None) -> Recipe:
+    """recipe_for plus the parallel options (tp, sequence parallelism, dp, ZeRO, bucket size) and, on `topology`,
+    the offload options (DeepSpeed's ZeRO with offload runs on one GPU too: zero_stage is kept at dp = 1)."""
+    from simulator.offload.config import offload_config
+
     p = scenario.parallel
+    offload = offload_config(scenario, topology, p.dp * p.tp * p.pp) if topology is not None else None
+    zero = p.zero_stage if p.dp > 1 or (offload is not None and offload.optimizer != "none") else 0
     return dataclasses.replace(recipe_for(scenario, device), tp=p.tp, sequence_parallel=p.sequence_parallel and p.tp > 1,
-                               dp=p.dp, zero_stage=p.zero_stage if p.dp > 1 else 0,
-                               bucket_size_bytes=int(p.bucket_size), gradient_compression=p.gradient_compression,
+                               dp=p.dp, zero_stage=zero, bucket_size_bytes=int(p.bucket_size), offload=offload,
+                               gradient_compression=p.gradient_compression,
                                compression_stage=p.gradient_compression_stage)
 
 
@@ -241,7 +260,7 @@ def check_scenario(scenario: Scenario) -> Cluster:
         The resolved `Cluster` (device, nodes, topology).
     """
     p = scenario.parallel
-    if p.dp * p.tp * p.pp > 1:
+    if p.dp * p.tp * p.pp > 1 or _names_topology(scenario):       # the path `simulate` takes
         _check_plan(scenario, multi=True)
         return _multi_setup(scenario)[0]
     _check_plan(scenario)
@@ -254,6 +273,7 @@ def _multi_setup(scenario: Scenario) -> tuple:
     """What a multi-rank simulation resolves before lowering: (cluster, topology, plan, recipe, schedule)."""
     from simulator.parallel.plan import make_plan
     from simulator.parallel.schedule_check import load_schedule
+    from simulator.offload.config import offloading
 
     cluster = resolve_cluster(scenario)
     device = cluster.device
@@ -261,9 +281,12 @@ def _multi_setup(scenario: Scenario) -> tuple:
     p = scenario.parallel
     if cluster.topology is None and p.dp * p.tp * p.pp > 1:
         _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key
+    if cluster.topology is None and offloading(scenario):
+        raise PlanError(f"{scenario.source}: cluster.topology = {scenario.cluster.topology!r} is one device without "
+                        f"host memory or PCIe links; offload needs a topology (one GPU: 'workstation-rtx4090')")
     topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
     plan = make_plan(scenario, topology)
-    recipe = multi_recipe(scenario, device)
+    recipe = multi_recipe(scenario, device, cluster.topology)
     schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
     return cluster, topology, plan, recipe, schedule
 
@@ -284,14 +307,20 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     allocators = [_allocator(scenario, cluster) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                               _engine_options(timelines, memory_workers), topology=topology, plan=plan)
+    offload = None
+    if recipe.offload is not None:
+        from simulator.report.offload import OffloadSummary
+
+        offload = OffloadSummary(scenario, cluster, plan, programs, trace, full)
     if full:
         # The report lists each stage's representative (dp = tp = 0), as the reduced simulation does.
         keep = [k for k, program in enumerate(programs)
                 if plan.coords(program.rank).dp == 0 and plan.coords(program.rank).tp == 0]
         shown = dataclasses.replace(trace, ranks=[trace.ranks[k] for k in keep])
-        report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown)
+        report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown,
+                                    offload)
     else:
-        report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
+        report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace, offload)
     fraction = scenario.training.skipped_steps_fraction
     if fraction > 0:
         # The same plan with every optimizer step skipped (the loss scaler's kernels only), simulated alone.

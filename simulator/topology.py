@@ -149,7 +149,7 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
     try:
         device = get_device(name)
     except TopologyError as error:
-        if p.dp * p.tp * p.pp == 1:
+        if p.dp * p.tp * p.pp == 1 and not _one_gpu(name):
             raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: "
                                 f"{_multi_gpu_hint(name) or error}") from None
         topology = _multi_gpu_topology(scenario, name, error)
@@ -194,6 +194,18 @@ def _multi_gpu_topology(scenario: Scenario, name: str, error: TopologyError):
         return load_topology(name, nodes=scenario.cluster.nodes)
     except TopologyError as failure:
         raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {failure}") from None
+
+
+def _one_gpu(name: str) -> bool:
+    """Whether `name` is a topology (bundled or a file) of one-GPU servers (a single-GPU run uses it as it is)."""
+    from simulator.network.topology import list_topologies, load_topology
+
+    if name not in list_topologies() and not name.endswith(".toml"):
+        return False
+    try:
+        return load_topology(name).gpus_per_node == 1
+    except TopologyError:
+        return False
 
 
 def _multi_gpu_hint(name: str) -> str:

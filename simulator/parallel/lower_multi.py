@@ -38,14 +38,15 @@ from itertools import repeat
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
+from simulator.parallel.offload_lowering import lower_offload
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Blocking, Collective, Free,
                                         Instruction, Mark, Period, Program, Recv, Run, Send, Signal,
                                         WaitFor, checked_collective, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
-from simulator.workload.graph import (BLOCKING, COLLECTIVE, FORWARD, GEMM, ON_COMM_STREAM, OPTIMIZER_STEP, OVERLAPPED, Op,
-                                      Tensor, moved_ids)
+from simulator.workload.graph import (BLOCKING, COLLECTIVE, FORWARD, GEMM, OFFLOAD_CLASSES, ON_COMM_STREAM,
+                                      OPTIMIZER_STEP, OVERLAPPED, Op, Tensor, moved_ids)
 from simulator.workload.loss_scaler import skipped_step
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
@@ -80,7 +81,8 @@ class _TimedOps:
         segments = []
         plain: list[tuple[Op, float]] = []
         for pair in pairs:
-            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP or pair[0].placement == ON_COMM_STREAM:
+            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP or pair[0].op_class in OFFLOAD_CLASSES \
+                    or pair[0].placement == ON_COMM_STREAM:
                 segments.append((tuple(plain), pair))
                 plain = []
             else:
@@ -114,6 +116,9 @@ class _Streams:
     peers: dict[int, int] = field(default_factory=dict)           # pipeline stage -> this rank's peer on it
     chunks: dict[int, int] = field(default_factory=dict)          # pipeline stage -> its chunk on its rank
     copies: list[tuple] = field(default_factory=list)   # Program.copies of the compute stream
+    offload_last: dict[str, str] = field(default_factory=dict)   # offload stream -> its last transfer's done event
+    offload_done: dict[str, str] = field(default_factory=dict)   # offload transfer name -> its last post's done event
+    host_caps: dict[str, float] = field(default_factory=dict)    # host kernel -> bytes/s (offload HostState.caps)
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -271,7 +276,7 @@ class _Streams:
         unmoved, moved = [], []
         for index, (op, _) in enumerate(timed.pairs):
             if op.op_class != COLLECTIVE:
-                if op.phase == OPTIMIZER_STEP or op.placement == ON_COMM_STREAM:
+                if op.phase == OPTIMIZER_STEP or op.op_class in OFFLOAD_CLASSES or op.placement == ON_COMM_STREAM:
                     return None
                 continue
             lowered = self.lowered.get(id(op))
@@ -308,6 +313,8 @@ class _Streams:
         for run in runs:
             if run.op.op_class == COLLECTIVE or run.op.placement == ON_COMM_STREAM:
                 self.collective(run)
+            elif run.op.op_class in OFFLOAD_CLASSES:
+                lower_offload(self, run, self.host_caps)
             else:
                 if run.op.phase == OPTIMIZER_STEP and self.pending:
                     self.flush()
@@ -317,11 +324,11 @@ class _Streams:
                         self.compute.append(Alloc(ids, f"{run.op.name} (first use)"))
                 self.compute.append(run)
 
-    def program(self, device: DeviceSpec, stage: int, tensors) -> Program:
+    def program(self, device: DeviceSpec, stage: int, tensors, host_tensors: dict | None = None) -> Program:
         streams = {COMPUTE: tuple(self.compute)}
         for name in sorted(self.other):
             streams[name] = tuple(self.other[name])
-        return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies))
+        return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies), host_tensors or {})
 
 
 def _moves(ids: tuple[int, ...], low: int) -> int:
@@ -357,6 +364,8 @@ def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, 
             k += 1
         instructions = swapped
     streams = _Streams(rank, plan)
+    if workload.host is not None:
+        streams.host_caps = dict(workload.host.caps)
     for instruction in instructions:
         if isinstance(instruction, Run):
             streams.runs([instruction])
@@ -364,7 +373,7 @@ def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, 
             if isinstance(instruction, (Mark, Free)) and streams.pending:
                 streams.flush()
             streams.compute.append(instruction)
-    return streams.program(device, 0, workload.tensors)
+    return streams.program(device, 0, workload.tensors, single.host_tensors)
 
 
 def stage_specs(plan: ParallelPlan) -> dict[tuple[int, int], StageSpec]:

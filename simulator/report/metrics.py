@@ -93,8 +93,12 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         comm_total, comm_exposed = communication.between(start, end)
         comm_total /= iterations
         comm_exposed /= iterations
-    # Idle: neither computing nor waiting on communication that compute does not hide (pipeline bubbles).
-    idle = max(0.0, iteration_time - compute - comm_exposed)
+    offload_traffic = host_compute = offload_exposed = 0.0
+    if communication is not None and end > start:
+        offload_traffic, host_compute, offload_exposed = (value / iterations for value in
+                                                          communication.offload_between(start, end))
+    # Idle: neither computing nor waiting on communication or offload that compute does not hide (pipeline bubbles).
+    idle = max(0.0, iteration_time - compute - comm_exposed - offload_exposed)
     tokens = recipe.micro_batch_size * recipe.accumulation_steps * scenario.parallel.dp * scenario.model.seq_length
     tokens_per_s = tokens / iteration_time if iteration_time > 0 else 0.0
     peak = peak_flop_rate(device, scenario.training.precision)
@@ -116,8 +120,13 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         warnings.append("model.share_layers with autocast and training.recompute: torch casts the shared weights "
                         "again in every recomputed layer (each with its own backward); memsim replays one cast, "
                         "and under-predicts (-2.2% on a measured LLaMA case, docs/validation.md)")
-    if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
+    if scenario.parallel.zero_stage and scenario.parallel.dp == 1 and not recipe.offload:
         warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
+    if scenario.parallel.prefetch_bucket_size != 50_000_000 and scenario.parallel.offload_params == "none":
+        warnings.append("parallel.prefetch_bucket_size has no effect without parallel.offload_params (it times the "
+                        "fetches of offloaded parameters)")
+    if scenario.cluster.host_memory is not None and not recipe.offload:
+        warnings.append("cluster.host_memory has no effect without offload (nothing is kept in host memory)")
     rank = {
         "rank": 0, "stage": 0, "device": device.name,
         "peak_allocated_bytes": int(rank_trace.peak_allocated),
@@ -129,6 +138,8 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "category_peaks": {c: int(rank_trace.category_peaks.get(c, 0)) for c in CATEGORIES},
         "peak_op": rank_trace.peak_op,
         "compute_s": compute, "exposed_communication_s": comm_exposed, "idle_s": idle,
+        "exposed_offload_s": offload_exposed,
+        "host_peak_bytes": 0, "host_pinned_bytes": 0, "nvme_peak_bytes": 0, "host_capacity_bytes": None,
     }
     return {
         "scenario": scenario.name,
@@ -147,7 +158,11 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "allocator": cluster.allocator_kind,
         "model": {"name": scenario.model.preset or scenario.model.architecture,
                   "parameters": int(workload.parameter_count)},
-        "time_breakdown": {**phase_time, "exposed_communication_s": comm_exposed, "idle_s": idle},
+        "time_breakdown": {**phase_time, "exposed_communication_s": comm_exposed, "idle_s": idle,
+                           "offload_traffic_s": offload_traffic, "host_compute_s": host_compute,
+                           "exposed_offload_s": offload_exposed},
+        "offload": None,
+        "host_memory": [],
         "oom": None if oom is None else {
             "op": oom.op, "tensor": oom.tensor, "requested_bytes": oom.requested_bytes,
             "allocated_bytes": oom.allocated_bytes, "reserved_bytes": oom.reserved_bytes,
@@ -172,12 +187,13 @@ def _ops(microbatch) -> tuple:
     return microbatch.forward + microbatch.backward + microbatch.weight
 
 
-def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace) -> dict:
+def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace, offload=None) -> dict:
     """The DESIGN.md report for a multi-rank simulation: one representative rank per pipeline stage.
 
     `bubble_fraction` is the idle share of the busiest stage (the most compute); `communication` and
     the model FLOPs (summed over stages, times tp × dp: the whole job's) come from the stage reports;
-    MFU is over all dp × tp × pp GPUs.
+    MFU is over all dp × tp × pp GPUs. `offload`: report.offload.OffloadSummary of an offloading run (host
+    memory per rank and node, bytes per route), whose host memory must fit too.
     """
     import copy
 
@@ -229,4 +245,6 @@ def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, tra
     from simulator.workload.transformer import model_parameter_count
 
     head["model"] = dict(head["model"], parameters=model_parameter_count(model_shape(scenario, padded=False)))
+    if offload is not None:
+        offload.fill(head, scenario)
     return head

@@ -258,3 +258,16 @@ def context_bytes(value: object) -> int | None:
         return size_bytes(value)
     except Invalid:
         raise Invalid('must be "auto" or a size >= 0 (bytes or a string like "500 MiB")') from None
+
+
+def host_memory_size(value: object) -> int | None:
+    """Parser for "auto" (None: the topology's host memory) or a size > 0."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        size = size_bytes(value)
+    except Invalid:
+        size = 0
+    if size <= 0:
+        raise Invalid('must be "auto" or a size > 0 (bytes or a string like "256 GB")')
+    return size

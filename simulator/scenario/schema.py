@@ -7,10 +7,10 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables use, and names callers import from here
-    SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction, fraction_below_one,
-    boolean, choice, text, string, optional_path, size_bytes, recompute_mode, gradient_compression, loss_scale,
-    schedule_name, is_schedule_file, topology_name, topology_is_path, max_split_size, roundup_power2_divisions,
-    context_bytes,
+    SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
+    fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
+    gradient_compression, loss_scale, schedule_name, is_schedule_file, topology_name, topology_is_path,
+    max_split_size, roundup_power2_divisions, context_bytes, host_memory_size,
 )
 
 ARCHITECTURES = ("gpt", "llama", "bert", "vit")
@@ -163,12 +163,13 @@ PARALLEL_KEYS: tuple[KeySpec, ...] = (
     _k("schedule", schedule_name, "1f1b", " | ".join(SCHEDULES) + " | path", "pipeline schedule, or an action file (relative to the scenario file)"),
     _k("virtual_stages", _POS, 1, "int >= 1", "model chunks per pipeline stage; divides num_layers / pp"),
     _k("zero_stage", int_between(0, 3), 0, "0 | 1 | 2 | 3", "ZeRO sharding of optimizer states (1), gradients (2), parameters (3)"),
-    _k("offload_optimizer", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where optimizer states live"),
-    _k("offload_params", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where parameters live between uses"),
-    _k("offload_activations", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where saved activations wait for backward"),
+    _k("offload_optimizer", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where optimizer states live: DeepSpeed ZeRO-Offload / ZeRO-Infinity (framework deepspeed, adamw, zero_stage 2 or 3; nvme: 3 and a topology with drives): master, gradients and Adam states in host memory (or on NVMe), CPU-Adam on the host"),
+    _k("offload_params", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where parameters live between uses: ZeRO-3 offload_param (zero_stage 3, with offload_optimizer), fetched ahead over PCIe (nvme: read from the drives first)"),
+    _k("offload_activations", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where saved activations wait for backward; cpu = torch's save_on_cpu(pin_memory=True) (framework torch or deepspeed, no recompute); nvme is refused"),
     _k("gradient_compression", gradient_compression, "none", 'none | 1bit | int8 | "topk:F" | "powersgd:R"', "compression of data-parallel gradient traffic: 1bit = DeepSpeed 1-bit Adam, int8 = Bagua ByteGrad, topk = GRACE top-k, powersgd = torch's PowerSGD hook (docs/compression.md)"),
     _k("gradient_compression_stage", choice(COMPRESSION_STAGES), "compressed", " | ".join(COMPRESSION_STAGES), "which iteration is simulated: compressed, or the uncompressed warm-up before it (1bit: before freeze_step; powersgd: before start_powerSGD_iter)"),
     _k("bucket_size", size_bytes, 25_000_000, "size", "gradient bucket size (DDP bucket_cap_mb)", '"25 MB" (25000000)'),
+    _k("prefetch_bucket_size", int_at_least(0), 50_000_000, "int >= 0", "offloaded parameters are fetched while the segments fetched ahead hold fewer elements than this (DeepSpeed stage3_prefetch_bucket_size; 0: no prefetch)"),
     _k("placement", text, "auto", "str", "how ranks map onto devices; auto = the parallel layer's default order"),
 )
 
@@ -176,6 +177,7 @@ CLUSTER_KEYS: tuple[KeySpec, ...] = (
     _k("topology", topology_name, "dgx-a100", "str | path", "a topology name from topologies/ or a TOML path (relative to the scenario file)"),
     _k("nodes", _POS, 1, "int >= 1", "number of nodes of that topology"),
     _k("calibration", optional_path, None, 'path | "none"', "fitted device/link parameters (relative to the scenario file)", "none"),
+    _k("host_memory", host_memory_size, None, '"auto" | size > 0', "host memory of each node, what offload may fill; auto = the topology's (its host_memory capacities)", '"auto"'),
 )
 
 ALLOCATOR_KEYS: tuple[KeySpec, ...] = (
@@ -327,6 +329,7 @@ class ParallelConfig:
     gradient_compression: str = "none"
     gradient_compression_stage: str = "compressed"
     bucket_size: int = 25_000_000
+    prefetch_bucket_size: int = 50_000_000
     placement: str = "auto"
 
     @property
@@ -367,6 +370,7 @@ class ClusterConfig:
     topology: str = "dgx-a100"
     nodes: int = 1
     calibration: str | None = None
+    host_memory: int | None = None
 
     @property
     def topology_is_path(self) -> bool:

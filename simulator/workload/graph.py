@@ -28,7 +28,12 @@ OPTIMIZER = "optimizer"        # optimizer update kernels
 COPY = "copy"                  # memory copies (contiguous, transpose, cast to another buffer)
 COLLECTIVE = "collective"      # a communication kernel (NCCL): see Op.collective, Op.group, Op.comm_bytes
 SPARSE_GEMM = "sparse_gemm"    # a 2:4 semi-structured sparse matmul (sparse tensor cores); flops are dense-equivalent
-OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY, COLLECTIVE, SPARSE_GEMM)
+TRANSFER = "transfer"          # offload traffic (program.Transfer): Op.collective the route, Op.comm_bytes its bytes
+HOST = "host"                  # work on the host CPU (offloaded optimizer step): Op.collective the host kernel
+OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY, COLLECTIVE, TRANSFER, HOST,
+              SPARSE_GEMM)
+OFFLOAD_CLASSES = (TRANSFER, HOST)
+WAIT = "wait"                  # a TRANSFER op with this route moves nothing: the compute stream waits for Op.group
 
 # Collectives (NCCL / torch.distributed names) and the process groups they run on.
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv")
@@ -103,7 +108,11 @@ class Op:
     frees: tuple[int, ...] = ()    # tensor ids freed at op end
     layer: int = -1                # transformer layer index, -1 for embedding/head/optimizer
     microbatch: int = 0
-    collective: str = ""           # op_class COLLECTIVE: one of COLLECTIVES
-    group: str = ""                # op_class COLLECTIVE (or placement ON_COMM_STREAM): the process group, one of GROUPS
-    comm_bytes: int = 0            # op_class COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size)
+    collective: str = ""           # COLLECTIVE: one of COLLECTIVES; TRANSFER: its route or WAIT; HOST: its kernel
+    group: str = ""                # COLLECTIVE (or placement ON_COMM_STREAM): the process group, one of GROUPS;
+                                   # TRANSFER, HOST: the stream it runs on ("" the compute stream, "dp" the
+                                   # data-parallel one, else a stream name)
+    comm_bytes: int = 0            # COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size); TRANSFER: bytes
+    host_allocs: tuple[int, ...] = ()   # TRANSFER: host tensors (offload) allocated at its start
+    host_frees: tuple[int, ...] = ()    # TRANSFER: host tensors freed at its end
     placement: str = ""            # one of PLACEMENTS: where the op runs relative to the compute stream

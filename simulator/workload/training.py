@@ -50,6 +50,7 @@ class Recipe:
     compression_stage: str = "compressed"    # parallel.gradient_compression_stage: the iteration simulated
     loss_scale: str | float = "dynamic"      # training.loss_scale (fp16-mixed: workload/loss_scaler.py)
     skipped_steps_fraction: float = 0.0      # training.skipped_steps_fraction: steps skipped on overflow
+    offload: object | None = None            # offload.state.OffloadConfig when anything is offloaded
 
     @property
     def compression(self) -> Compression:
@@ -111,6 +112,7 @@ class IterationWorkload:
     # Persistent tensors allocated lazily, right before the first run of the op of that name (the cuBLAS
     # workspaces at the first forward and the first backward GEMM): (op name, tensor ids).
     first_use: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    host: object | None = None     # offload: the rank's host tensors (offload.state.HostState), None without offload
 
 
 def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
@@ -245,6 +247,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     # on a GPU that tensor lives in host memory and costs the device nothing.
     rng_bytes = CPU_RNG_STATE_BYTES if profile.device_kind == "cpu" else 0
     tape = Tape(microbatch=0, compress_saved=compress, rng_state_bytes=rng_bytes)
+    tape.saver = _host_saver(recipe)
     fp8 = recipe.precision == "fp8-mixed"
     ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
               sequence_parallel=recipe.sequence_parallel)
@@ -266,6 +269,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         # Later micro-batches accumulate into the existing gradients: same forward, new tensor ids.
         tape2 = Tape(microbatch=1, first_tensor_id=next_id, compress_saved=compress,
                      rng_state_bytes=rng_bytes)
+        tape2.saver = tape.saver
         tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
         tape2._storages[idx.id] = tape._storages[idx.id]
         tape2._storages[targets.id] = tape._storages[targets.id]
@@ -311,8 +315,9 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler},
         first_use=first_use,
     )
-    if recipe.dp == 1:
-        return workload
+    zero_on_one = recipe.offload is not None and recipe.zero_stage > 0   # DeepSpeed's ZeRO runs on one GPU too
+    if recipe.dp == 1 and not zero_on_one:
+        return _offloaded(workload, recipe, params, ids, tape.saver)
     setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
                               recipe.accumulation_steps, recipe.optimizer, recipe.optimizer_implementation,
                               profile.device_kind == "cpu", dts.param, dts.master, recipe.compression)
@@ -320,4 +325,22 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
                        grad_buffers[k] if grad_buffers else None, tuple(ref.shape))
              for k, (ref, name) in enumerate(zip(params.refs, params.names))]
     lists = MicrobatchOps(first_ops, policy, later_ops, later_policy)
-    return apply_data_parallel(workload, setup, infos, lists, ids)
+    return _offloaded(apply_data_parallel(workload, setup, infos, lists, ids), recipe, params, ids, tape.saver)
+
+
+def _host_saver(recipe: Recipe):
+    """save_on_cpu's hooks for the tapes when activations are offloaded (offload/activations.py), else None."""
+    if recipe.offload is None or recipe.offload.activations != "cpu":
+        return None
+    from simulator.offload.activations import HostSaver
+
+    return HostSaver()
+
+
+def _offloaded(workload: IterationWorkload, recipe: Recipe, params, ids: IdSource, saver) -> IterationWorkload:
+    """The workload with recipe.offload applied (simulator/offload), or as it is without offload."""
+    if recipe.offload is None:
+        return workload
+    from simulator.offload.apply import apply_offload
+
+    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver)
