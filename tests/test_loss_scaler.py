@@ -169,3 +169,16 @@ def test_static_scale_has_its_effect_or_is_refused():
         simulate(scenario_from_dict(_doc("megatron", "bf16-mixed", loss_scale=1024.0)))
     with pytest.raises(PlanError, match="only the fp16 loss scaler skips steps"):
         simulate(scenario_from_dict(_doc("torch", "bf16-mixed", skipped_steps_fraction=0.1)))
+
+
+def test_fp16_with_zero_offload_runs_and_averages_skipped_steps():
+    """DeepSpeed's ZeRO-Offload checks for overflow and unscales on the host's fp32 gradients (loss_scaler.
+    kept_with_offload leaves the overflow all_reduce in the GPU step): the run works and averages skipped steps."""
+    import pathlib
+    from simulator.scenario import load_scenario
+    root = pathlib.Path(__file__).resolve().parents[1]
+    scenario = load_scenario(root / "scenarios" / "llama7b-rtx4090-zero-offload.toml",
+                             ["model.num_layers=2", "training.precision=fp16-mixed",
+                              "training.skipped_steps_fraction=0.1"])
+    report = simulate(scenario, timelines=False).report
+    assert 0 < report["loss_scaler"]["skipped_iteration_time_s"] < report["loss_scaler"]["step_iteration_time_s"]

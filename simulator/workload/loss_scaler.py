@@ -197,6 +197,12 @@ def make_loss_scaler(framework: str, loss_scale: str | float, ids: IdSource, ten
     return LossScaler(framework, dynamic, tuple(state))
 
 
+def kept_with_offload(optimizer: list[Op]) -> list[Op]:
+    """What of the loss scaler stays on the GPU when DeepSpeed offloads the optimizer: the overflow flag's all_reduce;
+    the overflow check and the unscale run on the host's fp32 gradients (offload/optimizer.py, offload/zero3.py)."""
+    return [op for op in optimizer if op.name.startswith(PREFIX + ".") and op.op_class == COLLECTIVE]
+
+
 def skipped_step(optimizer: list[Op]) -> list[Op]:
     """What an iteration whose step is skipped (an overflow) runs of `optimizer`: the loss scaler's kernels."""
     return [op for op in optimizer if op.name.startswith(PREFIX + ".")]
