@@ -13,11 +13,14 @@ from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import MemsimError, PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import lower_single_rank
-from simulator.report.metrics import build_report
+from simulator.report.metrics import blend_skipped_steps, build_report, measured_window
 from simulator.scenario import Scenario
 from simulator.topology import Cluster, resolve_cluster
 from simulator.trace.records import Trace
+from simulator.workload.compression import Compression, check_compression
+from simulator.workload.loss_scaler import check_loss_scale, skipped_step
 from simulator.workload.primitives import KernelProfile
+from simulator.workload.sparsity import check_sparsity
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
 
@@ -51,7 +54,8 @@ def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
         activation=m.activation, norm=m.norm, bias=m.bias, attention=m.attention,
         dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
         patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
-        type_vocab=m.type_vocab_size or 2)
+        type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0,
+        mlp_sparsity=scenario.training.sparsity)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
@@ -83,7 +87,8 @@ def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
             implementation = "foreach" if device.optimizer_foreach else "single-tensor"
     accumulation = t.global_batch_size // (t.micro_batch_size * scenario.parallel.dp)
     return Recipe(t.micro_batch_size, accumulation, t.precision, t.framework, t.optimizer,
-                  implementation, t.recompute, t.activation_compression)
+                  implementation, t.recompute, t.activation_compression, loss_scale=t.loss_scale,
+                  skipped_steps_fraction=t.skipped_steps_fraction)
 
 
 def _check_plan(scenario: Scenario, multi: bool = False) -> None:
@@ -98,6 +103,13 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
     if recompute.startswith("segments:") and int(recompute.split(":")[1]) > m.num_layers:
         raise PlanError(f"{src}: training.recompute = {recompute!r}: more segments than "
                         f"model.num_layers = {m.num_layers}")
+    if m.attention == "linformer" and p.tp > 1:
+        raise PlanError(f"{src}: model.attention = 'linformer' with parallel.tp = {p.tp}: Megatron-LM's tensor "
+                        f"parallelism has no Linformer layer; allowed: tp = 1")
+    if m.share_layers and p.pp > 1:
+        raise PlanError(f"{src}: model.share_layers = true with parallel.pp = {p.pp}: the shared layer's parameters "
+                        f"would live on every pipeline stage with their gradients summed across stages, which is "
+                        f"not simulated; allowed: pp = 1")
     for key in ("tp", "pp", "dp"):
         value = getattr(p, key)
         if value != 1 and not multi:
@@ -108,10 +120,29 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
                         f"not supported: gradients or parameters sharded across micro-batches conflict with "
                         f"pipeline gradient accumulation (DeepSpeed's PipelineEngine refuses it too); "
                         f"allowed with pp > 1: 0, 1")
+    try:
+        check_compression(Compression.parse(p.gradient_compression, p.gradient_compression_stage), dp=p.dp,
+                          zero_stage=p.zero_stage, framework=scenario.training.framework,
+                          precision=scenario.training.precision, optimizer=scenario.training.optimizer)
+        t = scenario.training
+        check_loss_scale(t.precision, t.framework, t.loss_scale, t.skipped_steps_fraction)
+    except PlanError as error:
+        raise PlanError(f"{src}: {error}") from None
     from simulator.offload.config import check_offload
 
     t = scenario.training
     check_offload(scenario, t.global_batch_size // (t.micro_batch_size * p.dp))
+
+
+def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
+    """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores), with the file."""
+    m, h = scenario.model, scenario.model.hidden_size
+    shapes = [(m.ffn_hidden_size, h), (h, m.ffn_hidden_size)]
+    try:
+        check_sparsity(scenario.training.sparsity, precision=scenario.training.precision, tp=scenario.parallel.tp,
+                       device=device.name, speedup=device.sparse_gemm_speedup, mlp_shapes=shapes)
+    except PlanError as error:
+        raise PlanError(f"{scenario.source}: {error}") from None
 
 
 def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
@@ -135,19 +166,32 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     device = cluster.device
+    _check_device_options(scenario, device)
     recipe = recipe_for(scenario, device)
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
                                 recipe.accumulation_steps)
-    allocator = make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
-                               max_split_size_bytes=scenario.allocator.max_split_size,
-                               roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
-                               expandable_segments=scenario.allocator.expandable_segments,
-                               record_events=scenario.run.record_events)
-    trace = simulate_programs([program], [allocator], [cluster.allocator_capacity_bytes],
+    trace = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
                               _engine_options(timelines, memory_workers))
     report = build_report(scenario, cluster, workload, recipe, trace)
+    fraction = scenario.training.skipped_steps_fraction
+    if fraction > 0:
+        skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer))
+        program = lower_single_rank(skipping, device, scenario.run.warmup_iterations, scenario.run.iterations,
+                                    recipe.accumulation_steps)
+        skipped = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
+                                    _engine_options(False, memory_workers))
+        blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     return Result(report, trace, scenario)
+
+
+def _allocator(scenario: Scenario, cluster):
+    """A fresh allocator model for one rank of `scenario` on `cluster`."""
+    return make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
+                          max_split_size_bytes=scenario.allocator.max_split_size,
+                          roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
+                          expandable_segments=scenario.allocator.expandable_segments,
+                          record_events=scenario.run.record_events)
 
 
 def _names_topology(scenario: Scenario) -> bool:
@@ -174,7 +218,9 @@ def multi_recipe(scenario: Scenario, device: DeviceSpec, topology=None) -> Recip
     offload = offload_config(scenario, topology, p.dp * p.tp * p.pp) if topology is not None else None
     zero = p.zero_stage if p.dp > 1 or (offload is not None and offload.optimizer != "none") else 0
     return dataclasses.replace(recipe_for(scenario, device), tp=p.tp, sequence_parallel=p.sequence_parallel and p.tp > 1,
-                               dp=p.dp, zero_stage=zero, bucket_size_bytes=int(p.bucket_size), offload=offload)
+                               dp=p.dp, zero_stage=zero, bucket_size_bytes=int(p.bucket_size), offload=offload,
+                               gradient_compression=p.gradient_compression,
+                               compression_stage=p.gradient_compression_stage)
 
 
 def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOptions:
@@ -218,7 +264,9 @@ def check_scenario(scenario: Scenario) -> Cluster:
         _check_plan(scenario, multi=True)
         return _multi_setup(scenario)[0]
     _check_plan(scenario)
-    return resolve_cluster(scenario)
+    cluster = resolve_cluster(scenario)
+    _check_device_options(scenario, cluster.device)
+    return cluster
 
 
 def _multi_setup(scenario: Scenario) -> tuple:
@@ -229,6 +277,7 @@ def _multi_setup(scenario: Scenario) -> tuple:
 
     cluster = resolve_cluster(scenario)
     device = cluster.device
+    _check_device_options(scenario, device)
     p = scenario.parallel
     if cluster.topology is None and p.dp * p.tp * p.pp > 1:
         _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key
@@ -255,11 +304,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     full = scenario.run.full and plan.world_size > 1
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
                                       scenario.run.warmup_iterations, scenario.run.iterations, workload, full)
-    allocators = [make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
-                                 max_split_size_bytes=scenario.allocator.max_split_size,
-                                 roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
-                                 expandable_segments=scenario.allocator.expandable_segments,
-                                 record_events=scenario.run.record_events) for _ in programs]
+    allocators = [_allocator(scenario, cluster) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                               _engine_options(timelines, memory_workers), topology=topology, plan=plan)
     offload = None
@@ -276,6 +321,16 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
                                     offload)
     else:
         report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace, offload)
+    fraction = scenario.training.skipped_steps_fraction
+    if fraction > 0:
+        # The same plan with every optimizer step skipped (the loss scaler's kernels only), simulated alone.
+        skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer)) if workload else None
+        others, _ = lower_multi(shape, recipe, profile, plan, schedule, device, scenario.run.warmup_iterations,
+                                scenario.run.iterations, skipping, full, skipped_steps=True)
+        skipped = simulate_programs(others, [_allocator(scenario, cluster) for _ in others],
+                                    [cluster.allocator_capacity_bytes] * len(others),
+                                    _engine_options(False, memory_workers), topology=topology, plan=plan)
+        blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     lifetime.keep(programs, workloads)
     return Result(report, trace, scenario, plan)
 

@@ -49,7 +49,7 @@ class Cluster:
     nodes: int
     allocator_kind: str
     context_bytes: int              # memory outside the allocator (CUDA context, library workspaces)
-    allocator_capacity_bytes: int   # device memory minus context_bytes
+    allocator_capacity_bytes: int   # device memory minus context_bytes, capped by allocator.memory_fraction
     calibration: Calibration | None = field(default=None, compare=False)
     topology: object | None = field(default=None, compare=False)   # network Topology of a multi-GPU cluster
 
@@ -174,7 +174,14 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
         raise TopologyError(f"{scenario.source}: allocator.context_bytes = {context}: must be less than "
                             f"the device memory ({device.memory_bytes} bytes)")
     nodes = 1 if topology is None else topology.nodes
-    return Cluster(device, nodes, kind, context, device.memory_bytes - context, calibration, topology)
+    capacity = device.memory_bytes - context
+    fraction = scenario.allocator.memory_fraction
+    if fraction < 1.0:
+        # torch.cuda.set_per_process_memory_fraction: the caching allocator refuses a cudaMalloc that would take
+        # its reserved bytes past int(fraction x total device memory) (CUDACachingAllocator's
+        # allowed_memory_maximum); the rest of the card stays unused.
+        capacity = min(capacity, int(fraction * device.memory_bytes))
+    return Cluster(device, nodes, kind, context, capacity, calibration, topology)
 
 
 def _multi_gpu_topology(scenario: Scenario, name: str, error: TopologyError):

@@ -321,8 +321,9 @@ def test_shard_numel_pads_up():
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_fp16_loss_scaler_survives_zero_sharding(stage):
-    """fp16-mixed keeps GradScaler's unscale (and its two temporaries) when ZeRO replaces the optimizer step: the
-    sharded step used to drop the temporaries' tensors while the kept unscale op still allocated them (KeyError)."""
+    """fp16-mixed keeps the loss scaler's kernels when ZeRO replaces the optimizer step: the sharded step used to
+    drop the temporaries' tensors while the kept unscale op still allocated them (KeyError). DeepSpeed's scaler
+    checks its gradient shard (an fp32 copy and its sum), all_reduces the overflow flag, then unscales."""
     from simulator.api import simulate
 
     doc = _document("deepspeed", precision="fp16-mixed")
@@ -331,7 +332,9 @@ def test_fp16_loss_scaler_survives_zero_sharding(stage):
     doc["cluster"] = {"topology": "hgx-h200"}
     report = simulate(scenario_from_dict(doc), timelines=False).report
     scaler = [op for op in _workload_ops(doc) if op.name.startswith("grad_scaler.")]
-    assert [op.name for op in scaler] == ["grad_scaler.unscale"] and len(scaler[0].allocs) == 2
+    assert [op.name for op in scaler] == ["grad_scaler.zero.shard.float", "grad_scaler.zero.shard.sum",
+                                          "grad_scaler.overflow_all_reduce", "grad_scaler.unscale_and_clip"]
+    assert [len(op.allocs) for op in scaler] == [1, 1, 0, 0]
     assert report["ranks"][0]["peak_allocated_bytes"] > 0
 
 

@@ -178,8 +178,12 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
         warnings.append("peak reserved memory is within 5% of the device capacity")
     if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
         warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
-    if scenario.parallel.gradient_compression != "none" and scenario.parallel.dp == 1:
-        warnings.append("parallel.gradient_compression has no effect with dp = 1 (no gradient traffic)")
+    if scenario.parallel.gradient_compression != "none":
+        warnings.append("the estimate leaves out parallel.gradient_compression (its collectives, codec and state): "
+                        "a simulation (memsim run, a sweep without --fast) includes them")
+    if scenario.training.skipped_steps_fraction > 0:
+        warnings.append("the estimate leaves out training.skipped_steps_fraction: a simulation averages the "
+                        "skipped steps in")
     warnings += [w for w in plan.warnings if w not in warnings]
     world = plan.dp * plan.tp * plan.pp
     flops = flops_total * plan.tp * plan.dp

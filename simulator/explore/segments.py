@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.workload.graph import (BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, FORWARD, OPTIMIZER_STEP,
-                                      RECOMPUTE, Op, Tensor)
+from simulator.workload.graph import (BACKWARD_INPUT, BACKWARD_WEIGHT, BLOCKING, COLLECTIVE, FORWARD, OPTIMIZER_STEP,
+                                      OVERLAPPED, RECOMPUTE, Op, Tensor)
 
 PHASE_KEYS = {FORWARD: "forward_s", BACKWARD_INPUT: "backward_s", BACKWARD_WEIGHT: "backward_s",
               RECOMPUTE: "recompute_s", OPTIMIZER_STEP: "optimizer_s"}
@@ -134,7 +134,9 @@ def summarize(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
         if op.op_class == COLLECTIVE:
             group = op.group if op.group in ("tp", "dp") else "tp"
             kind = op.collective or "all_reduce"
-            if group == "dp" and kind in ("all_reduce", "reduce_scatter"):
+            # As the lowering decides (lower_multi._lower_collective): Op.placement first, else by kind.
+            if group == "dp" and (op.placement == OVERLAPPED or (
+                    kind in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING)):
                 overlapped.append((kind, int(op.comm_bytes), elapsed))
             elif group in waited_groups:
                 collectives[(group, kind, int(op.comm_bytes))] += 1

@@ -214,7 +214,8 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
         if sync.plan.grad_shard is not None:
             grad_shard_bytes = tensors[sync.plan.grad_shard].nbytes
         if zero_stage >= 1:
-            stub = SimpleNamespace(optimizer=step_ops, optimizer_state_ids=state_ids)
+            stub = SimpleNamespace(optimizer=step_ops, optimizer_state_ids=state_ids,
+                                   meta={"loss_scaler": states.loss_scaler})
             state_ids, step_ops = sharded_step(stub, setup, sync.shard_numel, sync.total_numel, tensors, ids,
                                                sync.plan.grad_shard if key.kind == WHOLE else None)
         if zero_stage == 3:

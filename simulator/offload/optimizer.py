@@ -29,6 +29,7 @@ from simulator.offload.host_memory import PAGEABLE, PINNED, HostTensor
 from simulator.offload.state import ADAM, ADAM_HOST_BYTES_PER_ELEMENT, STREAM, HostState, OffloadConfig
 from simulator.workload.graph import (BACKWARD_INPUT, COLLECTIVE, COMMUNICATION_BUFFERS, DTYPE_BYTES, GRADIENTS, HOST,
                                       OPTIMIZER_STATES, OPTIMIZER_STEP, OTHER, PARAMETERS, TRANSFER, WAIT, Op, Tensor)
+from simulator.workload.loss_scaler import kept_with_offload
 
 HOST_STREAM = "host"         # the stream the host's work runs on (one CPU thread pool, in order)
 
@@ -93,7 +94,7 @@ def offload_optimizer(workload, config: OffloadConfig, largest_param_numel: int,
     def with_copies(ops: list[Op]) -> list[Op]:
         return after_reductions(ops, grad_shards, dp, copies)
 
-    step = [op for op in workload.optimizer if op.name.startswith("grad_scaler.") and op.name != "grad_scaler.unscale"]
+    step = kept_with_offload(workload.optimizer)
     step += [_host_op("offload.unscale_and_clip_grads", STREAM, 4 * shard, 4 * shard),
              _host_op("offload.cpu_adam", ADAM, 16 * shard, (ADAM_HOST_BYTES_PER_ELEMENT - 16) * shard),
              _host_op("offload.fp32_to_bit16", STREAM, 4 * shard, param_bytes * shard),

@@ -38,6 +38,7 @@ from simulator.offload.optimizer import HOST_STREAM, after_reductions, strip_gpu
 from simulator.offload.state import ADAM, ADAM_HOST_BYTES_PER_ELEMENT, STREAM, HostState, OffloadConfig
 from simulator.workload.graph import (BACKWARD_INPUT, COLLECTIVE, DTYPE_BYTES, GRADIENTS, HOST, OPTIMIZER_STATES,
                                       OPTIMIZER_STEP, OTHER, PARAMETERS, Op, Tensor)
+from simulator.workload.loss_scaler import kept_with_offload
 
 SUB_GROUP_ELEMENTS = 1_000_000_000     # DeepSpeed zero config `sub_group_size` default (1e9)
 OPTIMIZER_SWAP_BUFFERS = 4             # offload_optimizer `buffer_count` default
@@ -158,7 +159,7 @@ def offload_zero3(workload, config: OffloadConfig, ids, host: HostState):
                                                     workload.last_microbatch))
     if params != "none":
         persistent = tuple(t for t in persistent if t not in param_ids)    # the 16-bit shards live off the GPU
-    step = [op for op in workload.optimizer if op.name.startswith("grad_scaler.") and op.name != "grad_scaler.unscale"]
+    step = kept_with_offload(workload.optimizer)
     for k, n in enumerate(groups):
         if nvme_optimizer:
             step.append(transfer_op(f"offload.sub_group{k}.swap_in", "nvme_read", 16 * n, OPTIMIZER_STEP, HOST_STREAM))

@@ -45,7 +45,9 @@ from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, A
                                         WaitFor, checked_collective, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
-from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OFFLOAD_CLASSES, OPTIMIZER_STEP, Op, Tensor, moved_ids
+from simulator.workload.graph import (BLOCKING, COLLECTIVE, FORWARD, GEMM, OFFLOAD_CLASSES, ON_COMM_STREAM,
+                                      OPTIMIZER_STEP, OVERLAPPED, Op, Tensor, moved_ids)
+from simulator.workload.loss_scaler import skipped_step
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
 from simulator.workload.stage_reuse import relabel_layers
@@ -79,7 +81,8 @@ class _TimedOps:
         segments = []
         plain: list[tuple[Op, float]] = []
         for pair in pairs:
-            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP or pair[0].op_class in OFFLOAD_CLASSES:
+            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP or pair[0].op_class in OFFLOAD_CLASSES \
+                    or pair[0].placement == ON_COMM_STREAM:
                 segments.append((tuple(plain), pair))
                 plain = []
             else:
@@ -141,6 +144,15 @@ class _Streams:
         if group is None:
             self.compute.append(Run(op, duration_s, iteration, shift, low))
             return
+        if kind is None:
+            # A kernel of the communication library on the group's stream, after what the compute stream did so far.
+            count = self.count
+            ready, done = f"{ready_label}#{count + 1}", f"{done_label}#{count + 2}"
+            self.count = count + 2
+            self.compute.append(signal(ready))
+            comm += [wait_for(ready), Run(op, duration_s, iteration, shift, low), signal(done)]
+            self.pending.append(done)
+            return
         allocs, frees = op.allocs, op.frees
         if shift:
             allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
@@ -171,8 +183,8 @@ class _Streams:
             self.compute.append(wait_for(done))
 
     def _lower_collective(self, op: Op) -> tuple:
-        """(op, group or None when it is this rank alone, stream and its name, event labels, kind, size,
-        overlapped)."""
+        """(op, group or None when it is this rank alone, stream and its name, event labels, kind (None for a kernel
+        placed on the communication stream), size, overlapped)."""
         axis = op.group if op.group in ("tp", "dp") else "tp"
         group = self.groups.get(axis)
         if group is None:
@@ -181,7 +193,10 @@ class _Streams:
             return (op, None, None, "", "", "", "", 0.0, False)
         name = self.dp_stream if axis == "dp" else COMM_STREAM
         comm = self.stream(name)
-        overlapped = axis == "dp" and op.collective in ("all_reduce", "reduce_scatter")
+        if op.op_class != COLLECTIVE:      # placement ON_COMM_STREAM: `post` runs it on the stream, overlapped
+            return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", None, 0.0, True)
+        overlapped = axis == "dp" and (op.placement == OVERLAPPED or (
+            op.collective in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING))
         kind, size_bytes = op.collective or "all_reduce", float(op.comm_bytes)
         Collective(op.name, kind, group, size_bytes)     # validates what post's checked_collective copies
         return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", kind, size_bytes, overlapped)
@@ -261,7 +276,7 @@ class _Streams:
         unmoved, moved = [], []
         for index, (op, _) in enumerate(timed.pairs):
             if op.op_class != COLLECTIVE:
-                if op.phase == OPTIMIZER_STEP or op.op_class in OFFLOAD_CLASSES:
+                if op.phase == OPTIMIZER_STEP or op.op_class in OFFLOAD_CLASSES or op.placement == ON_COMM_STREAM:
                     return None
                 continue
             lowered = self.lowered.get(id(op))
@@ -288,7 +303,7 @@ class _Streams:
             if special is None:
                 continue
             op, duration_s = special
-            if op.op_class == COLLECTIVE:
+            if op.op_class == COLLECTIVE or op.placement == ON_COMM_STREAM:
                 self.post(op, duration_s, iteration, shift, low)
             else:
                 self.runs([Run(op, duration_s, iteration, shift, low)])
@@ -296,7 +311,7 @@ class _Streams:
     def runs(self, runs: list[Run]) -> None:
         """Append runs to the compute stream: collectives go to their stream, workspaces at first use."""
         for run in runs:
-            if run.op.op_class == COLLECTIVE:
+            if run.op.op_class == COLLECTIVE or run.op.placement == ON_COMM_STREAM:
                 self.collective(run)
             elif run.op.op_class in OFFLOAD_CLASSES:
                 lower_offload(self, run, self.host_caps)
@@ -646,7 +661,8 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
 
 def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan, schedule: Schedule,
                 device: DeviceSpec, warmup_iterations: int, iterations: int,
-                workload: IterationWorkload | None = None, full: bool = False) -> tuple[list[Program], dict]:
+                workload: IterationWorkload | None = None, full: bool = False,
+                skipped_steps: bool = False) -> tuple[list[Program], dict]:
     """One Program per representative rank of `plan` (one per pipeline stage), or per rank with `full`.
 
     Args:
@@ -658,6 +674,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         workload: with pp = 1, the whole-model iteration (training.build_iteration) to lower.
         full: lower every rank of the plan (no symmetry reduction); programs come in rank order, rank 0
             (stage 0's representative) first.
+        skipped_steps: pp > 1: every stage's optimizer step is skipped (an fp16 overflow: only the loss scaler's
+            kernels run); with pp = 1 the caller passes such a `workload`.
 
     Returns:
         (programs, workloads): programs ordered by stage (by rank with `full`); workloads by stage (IterationWorkload for pp = 1,
@@ -677,6 +695,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO-2/3 with parallel.pp = {plan.pp} > 1 is not "
                         f"supported (DeepSpeed's PipelineEngine refuses it too; allowed with pp > 1: 0, 1)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
+    if skipped_steps:
+        workloads = {key: replace(w, optimizer=skipped_step(w.optimizer)) for key, w in workloads.items()}
     schedule_steps = schedule_program(schedule)
     cache: dict[tuple, float] = {}
     if not full:

@@ -397,6 +397,14 @@ def _resolve_model(table: Mapping, ctx: _Context) -> ModelConfig:
         raise fail("hidden_size", f"must be divisible by model.num_attention_heads = {values['num_attention_heads']}")
     if values["num_attention_heads"] % values["num_kv_heads"]:
         raise fail("num_kv_heads", f"must divide model.num_attention_heads = {values['num_attention_heads']}")
+    if values["attention"] == "linformer" and arch not in ("bert", "vit"):
+        raise fail("attention", f"'linformer' projects keys and values along the whole sequence, so it has no "
+                                f"causal form: allowed with architecture bert or vit (is {arch!r})")
+    if values["attention"] != "linformer" and values.get("linformer_k") is not None:
+        raise fail("linformer_k", "applies only to model.attention = 'linformer'")
+    if values["attention"] == "linformer" and values.get("linformer_k") is None:
+        raise ScenarioError(f"{src}: model.linformer_k is missing: model.attention = 'linformer' needs the "
+                            f"projected length (an integer below the sequence length)")
     if arch == "vit":
         _resolve_vit_lengths(values, explicit, fail)
     else:
@@ -404,6 +412,9 @@ def _resolve_model(table: Mapping, ctx: _Context) -> ModelConfig:
         if arch in ("gpt", "bert") and values["seq_length"] > values["max_position_embeddings"]:
             raise fail("seq_length", f"must be at most model.max_position_embeddings = "
                        f"{values['max_position_embeddings']} ({arch} has learned positions)")
+    if values.get("linformer_k") is not None and values["linformer_k"] >= values["seq_length"]:
+        raise fail("linformer_k", f"must be less than the sequence length = {values['seq_length']} (else nothing "
+                                  f"is compressed)")
     return ModelConfig(**values)
 
 
