@@ -10,16 +10,19 @@ from typing import TYPE_CHECKING
 from simulator import lifetime
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
-from simulator.errors import PlanError
+from simulator.errors import MemsimError, PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.host_issue import run_device
 from simulator.parallel.lower import lower_single_rank
 from simulator.report.error_bars import iteration_interval
-from simulator.report.metrics import build_report
+from simulator.report.metrics import blend_skipped_steps, build_report, measured_window
 from simulator.scenario import Scenario
-from simulator.topology import resolve_cluster
+from simulator.topology import Cluster, resolve_cluster
 from simulator.trace.records import Trace
+from simulator.workload.compression import Compression, check_compression
+from simulator.workload.loss_scaler import check_loss_scale, skipped_step
 from simulator.workload.primitives import KernelProfile
+from simulator.workload.sparsity import check_sparsity
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
 
@@ -53,7 +56,8 @@ def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
         activation=m.activation, norm=m.norm, bias=m.bias, attention=m.attention,
         dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
         patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
-        type_vocab=m.type_vocab_size or 2)
+        type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0,
+        mlp_sparsity=scenario.training.sparsity)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
@@ -85,7 +89,8 @@ def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
             implementation = "foreach" if device.optimizer_foreach else "single-tensor"
     accumulation = t.global_batch_size // (t.micro_batch_size * scenario.parallel.dp)
     return Recipe(t.micro_batch_size, accumulation, t.precision, t.framework, t.optimizer,
-                  implementation, t.recompute, t.activation_compression)
+                  implementation, t.recompute, t.activation_compression, loss_scale=t.loss_scale,
+                  skipped_steps_fraction=t.skipped_steps_fraction)
 
 
 def _check_plan(scenario: Scenario, multi: bool = False) -> None:
@@ -100,6 +105,13 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
     if recompute.startswith("segments:") and int(recompute.split(":")[1]) > m.num_layers:
         raise PlanError(f"{src}: training.recompute = {recompute!r}: more segments than "
                         f"model.num_layers = {m.num_layers}")
+    if m.attention == "linformer" and p.tp > 1:
+        raise PlanError(f"{src}: model.attention = 'linformer' with parallel.tp = {p.tp}: Megatron-LM's tensor "
+                        f"parallelism has no Linformer layer; allowed: tp = 1")
+    if m.share_layers and p.pp > 1:
+        raise PlanError(f"{src}: model.share_layers = true with parallel.pp = {p.pp}: the shared layer's parameters "
+                        f"would live on every pipeline stage with their gradients summed across stages, which is "
+                        f"not simulated; allowed: pp = 1")
     for key in ("tp", "pp", "dp"):
         value = getattr(p, key)
         if value != 1 and not multi:
@@ -110,11 +122,31 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
                         f"not supported: gradients or parameters sharded across micro-batches conflict with "
                         f"pipeline gradient accumulation (DeepSpeed's PipelineEngine refuses it too); "
                         f"allowed with pp > 1: 0, 1")
-    for key in ("offload_optimizer", "offload_params", "offload_activations"):
-        value = getattr(p, key)
-        if value != "none":
-            raise PlanError(f"{src}: parallel.{key} = {value!r}: offload is not available in this "
-                            f"version (allowed: 'none')")
+    try:
+        check_compression(Compression.parse(p.gradient_compression, p.gradient_compression_stage), dp=p.dp,
+                          zero_stage=p.zero_stage, framework=scenario.training.framework,
+                          precision=scenario.training.precision, optimizer=scenario.training.optimizer)
+        t = scenario.training
+        check_loss_scale(t.precision, t.framework, t.loss_scale, t.skipped_steps_fraction)
+    except PlanError as error:
+        raise PlanError(f"{src}: {error}") from None
+    from simulator.offload.config import check_offload
+
+    t = scenario.training
+    check_offload(scenario, t.global_batch_size // (t.micro_batch_size * p.dp))
+
+
+def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
+    """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores, CUDA graphs off a
+    GPU or where the step cannot be captured), with the file."""
+    run_device(scenario, device)
+    m, h = scenario.model, scenario.model.hidden_size
+    shapes = [(m.ffn_hidden_size, h), (h, m.ffn_hidden_size)]
+    try:
+        check_sparsity(scenario.training.sparsity, precision=scenario.training.precision, tp=scenario.parallel.tp,
+                       device=device.name, speedup=device.sparse_gemm_speedup, mlp_shapes=shapes)
+    except PlanError as error:
+        raise PlanError(f"{scenario.source}: {error}") from None
 
 
 def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
@@ -132,34 +164,68 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     chosen by the run's size and the cores available: simulator/engine/memory_worker.py). Results are the same.
     """
     p = scenario.parallel
-    if p.dp * p.tp * p.pp > 1:
+    if p.dp * p.tp * p.pp > 1 or _names_topology(scenario):
         _check_plan(scenario, multi=True)
         return simulate_multi(scenario, timelines=timelines, memory_workers=memory_workers)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
+    _check_device_options(scenario, cluster.device)
     device = run_device(scenario, cluster.device)
     recipe = recipe_for(scenario, device)
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
                                 recipe.accumulation_steps)
-    allocator = make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
-                               max_split_size_bytes=scenario.allocator.max_split_size,
-                               roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
-                               expandable_segments=scenario.allocator.expandable_segments,
-                               record_events=scenario.run.record_events)
-    trace = simulate_programs([program], [allocator], [cluster.allocator_capacity_bytes],
+    trace = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
                               _engine_options(timelines, memory_workers))
     report = build_report(scenario, cluster, workload, recipe, trace)
+    fraction = scenario.training.skipped_steps_fraction
+    if fraction > 0:
+        skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer))
+        program = lower_single_rank(skipping, device, scenario.run.warmup_iterations, scenario.run.iterations,
+                                    recipe.accumulation_steps)
+        skipped = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
+                                    _engine_options(False, memory_workers))
+        blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     report.update(iteration_interval(report, scenario, cluster, trace))
     return Result(report, trace, scenario)
 
 
-def multi_recipe(scenario: Scenario, device: DeviceSpec) -> Recipe:
-    """recipe_for plus the parallel options (tp, sequence parallelism, dp, ZeRO, bucket size)."""
+def _allocator(scenario: Scenario, cluster):
+    """A fresh allocator model for one rank of `scenario` on `cluster`."""
+    return make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
+                          max_split_size_bytes=scenario.allocator.max_split_size,
+                          roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
+                          expandable_segments=scenario.allocator.expandable_segments,
+                          record_events=scenario.run.record_events)
+
+
+def _names_topology(scenario: Scenario) -> bool:
+    """Whether cluster.topology names a topology (bundled or a file) rather than a catalog device, or offload asks
+    for one: such runs take the multi-rank path, whose network carries the offload traffic."""
+    from simulator.hardware.catalog import get_device
+    from simulator.network.topology import list_topologies
+    from simulator.offload.config import offloading
+
+    name = scenario.cluster.topology
+    try:
+        get_device(name)
+    except MemsimError:
+        return name in list_topologies() or name.endswith(".toml")
+    return offloading(scenario)
+
+
+def multi_recipe(scenario: Scenario, device: DeviceSpec, topology=None) -> Recipe:
+    """recipe_for plus the parallel options (tp, sequence parallelism, dp, ZeRO, bucket size) and, on `topology`,
+    the offload options (DeepSpeed's ZeRO with offload runs on one GPU too: zero_stage is kept at dp = 1)."""
+    from simulator.offload.config import offload_config
+
     p = scenario.parallel
+    offload = offload_config(scenario, topology, p.dp * p.tp * p.pp) if topology is not None else None
+    zero = p.zero_stage if p.dp > 1 or (offload is not None and offload.optimizer != "none") else 0
     return dataclasses.replace(recipe_for(scenario, device), tp=p.tp, sequence_parallel=p.sequence_parallel and p.tp > 1,
-                               dp=p.dp, zero_stage=p.zero_stage if p.dp > 1 else 0,
-                               bucket_size_bytes=int(p.bucket_size))
+                               dp=p.dp, zero_stage=zero, bucket_size_bytes=int(p.bucket_size), offload=offload,
+                               gradient_compression=p.gradient_compression,
+                               compression_stage=p.gradient_compression_stage)
 
 
 def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOptions:
@@ -188,24 +254,59 @@ def simulate_multi(scenario: Scenario, *, timelines: bool = True, memory_workers
             gc.enable()
 
 
+def check_scenario(scenario: Scenario) -> Cluster:
+    """Raise the MemsimError `simulate(scenario)` would raise before it runs, without building or running anything.
+
+    The same checks in the same order: the plan's rules, the cluster (device, topology, calibration, context),
+    the parallel plan on the topology and the pipeline schedule. Cheap (milliseconds): sweeps call it on
+    every point to list the invalid ones with the reason a run would give.
+
+    Returns:
+        The resolved `Cluster` (device, nodes, topology).
+    """
+    p = scenario.parallel
+    if p.dp * p.tp * p.pp > 1 or _names_topology(scenario):       # the path `simulate` takes
+        _check_plan(scenario, multi=True)
+        return _multi_setup(scenario)[0]
+    _check_plan(scenario)
+    cluster = resolve_cluster(scenario)
+    _check_device_options(scenario, cluster.device)
+    return cluster
+
+
+def _multi_setup(scenario: Scenario) -> tuple:
+    """What a multi-rank simulation resolves before lowering: (cluster, topology, plan, recipe, schedule)."""
+    from simulator.parallel.plan import make_plan
+    from simulator.parallel.schedule_check import load_schedule
+    from simulator.offload.config import offloading
+    from simulator.parallel.overlap import resolve_overlap
+
+    cluster = resolve_cluster(scenario)
+    device = cluster.device
+    _check_device_options(scenario, device)
+    resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0)     # its refusals
+    p = scenario.parallel
+    if cluster.topology is None and p.dp * p.tp * p.pp > 1:
+        _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key
+    if cluster.topology is None and offloading(scenario):
+        raise PlanError(f"{scenario.source}: cluster.topology = {scenario.cluster.topology!r} is one device without "
+                        f"host memory or PCIe links; offload needs a topology (one GPU: 'workstation-rtx4090')")
+    topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
+    plan = make_plan(scenario, topology)
+    recipe = multi_recipe(scenario, device, cluster.topology)
+    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    return cluster, topology, plan, recipe, schedule
+
+
 def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | None) -> Result:
     """simulate_multi's work, with the garbage collector paused."""
     from simulator.parallel.lower_multi import lower_multi
     from simulator.parallel.overlap import resolve_overlap
-    from simulator.parallel.plan import make_plan
-    from simulator.parallel.schedule_check import load_schedule
     from simulator.report.metrics import build_multi_report
 
-    cluster = resolve_cluster(scenario)
+    cluster, topology, plan, recipe, schedule = _multi_setup(scenario)
     device = run_device(scenario, cluster.device)
     p = scenario.parallel
-    if cluster.topology is None and p.dp * p.tp * p.pp > 1:
-        _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key
-    topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
-    plan = make_plan(scenario, topology)
-    recipe = multi_recipe(scenario, device)
-    p = scenario.parallel
-    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
     shape, profile = model_shape(scenario), kernel_profile(device)
     workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None
     full = scenario.run.full and plan.world_size > 1
@@ -213,23 +314,35 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
                                       scenario.run.warmup_iterations, scenario.run.iterations, workload, full,
                                       overlap)
-    allocators = [make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
-                                 max_split_size_bytes=scenario.allocator.max_split_size,
-                                 roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
-                                 expandable_segments=scenario.allocator.expandable_segments,
-                                 record_events=scenario.run.record_events) for _ in programs]
+    allocators = [_allocator(scenario, cluster) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                               _engine_options(timelines, memory_workers), topology=topology, plan=plan)
+    offload = None
+    if recipe.offload is not None:
+        from simulator.report.offload import OffloadSummary
+
+        offload = OffloadSummary(scenario, cluster, plan, programs, trace, full)
     if full:
         # The report lists each stage's representative (dp = tp = 0), as the reduced simulation does.
         keep = [k for k, program in enumerate(programs)
                 if plan.coords(program.rank).dp == 0 and plan.coords(program.rank).tp == 0]
         shown = dataclasses.replace(trace, ranks=[trace.ranks[k] for k in keep])
-        report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown)
-        report.update(iteration_interval(report, scenario, cluster, shown))
+        report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown,
+                                    offload)
     else:
-        report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace)
-        report.update(iteration_interval(report, scenario, cluster, trace))
+        shown = trace
+        report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace, offload)
+    fraction = scenario.training.skipped_steps_fraction
+    if fraction > 0:
+        # The same plan with every optimizer step skipped (the loss scaler's kernels only), simulated alone.
+        skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer)) if workload else None
+        others, _ = lower_multi(shape, recipe, profile, plan, schedule, device, scenario.run.warmup_iterations,
+                                scenario.run.iterations, skipping, full, overlap, skipped_steps=True)
+        skipped = simulate_programs(others, [_allocator(scenario, cluster) for _ in others],
+                                    [cluster.allocator_capacity_bytes] * len(others),
+                                    _engine_options(False, memory_workers), topology=topology, plan=plan)
+        blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
+    report.update(iteration_interval(report, scenario, cluster, shown))
     lifetime.keep(programs, workloads)
     return Result(report, trace, scenario, plan)
 

@@ -29,3 +29,7 @@ class DeadlockError(MemsimError):
 
 class DataError(MemsimError):
     """A measured-data or calibration file is missing, corrupt or does not match."""
+
+
+class ExecutorError(MemsimError):
+    """An executor specification is malformed, or its workers or scheduler cannot be reached."""

@@ -20,3 +20,10 @@ def keep(*objects: object) -> None:
     """Hold `objects` until the process exits, when keep_until_exit was called; otherwise nothing."""
     if _kept is not None:
         _kept.append(objects)
+
+
+def stop_keeping() -> None:
+    """Release objects as usual again, dropping what was kept: a command that simulates many scenarios in one
+    process (`memsim sweep`, `memsim compare`) would otherwise hold every one of them until it exits."""
+    global _kept
+    _kept = None

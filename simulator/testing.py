@@ -32,7 +32,7 @@ from simulator.workload.graph import CATEGORIES
 
 __all__ = [
     "check_bubble", "check_every_action_once", "check_in_flight_at_most", "check_memory_never_negative",
-    "check_no_deadlock", "check_sends_matched", "plans", "scenarios", "schedules",
+    "check_no_deadlock", "check_sends_matched", "multi_gpu_scenarios", "plans", "scenarios", "schedules",
 ]
 
 
@@ -140,6 +140,119 @@ def scenarios(draw, architectures: Sequence[str] = ("gpt", "llama"), max_layers:
         },
         "parallel": {"tp": 1, "pp": 1, "dp": 1},
         "cluster": {"topology": "cpu"},
+    }
+
+
+# GPUs per server and memory per GPU (catalog capacities, rounded) of the bundled multi-GPU topologies, for
+# multi_gpu_scenarios' rough sizing only (the scenarios it draws are simulated with the catalog's real numbers).
+_TOPOLOGIES = {"dgx-a100": (8, 80e9), "dgx-h100": (8, 80e9), "hgx-h200": (8, 141e9), "pcie-4x4090": (4, 24e9),
+               "pcie-8xa100": (8, 80e9)}
+_HEAD_DIMS = (32, 48, 64, 80, 96, 128, 160, 192, 256, 384, 512)
+_SEQUENCES = (256, 512, 1024, 2048, 4096)
+_MICRO_BATCHES = (1, 2, 4, 8)
+# Rough bytes of model states per parameter (weights, gradients, optimizer) by optimizer, halved for pure bf16.
+_STATE_BYTES = {"adamw": 16, "sgd": 8, "adam-8bit": 10}
+
+
+def _rough_bytes_per_gpu(layers: int, hidden: int, vocab: int, seq: int, micro: int, tp: int, pp: int, dp: int,
+                         zero: int, recompute: str, in_flight: int, optimizer: str = "adamw",
+                         precision: str = "bf16-mixed") -> float:
+    """A deliberately crude per-GPU footprint (bytes per parameter by optimizer, Korthikanti's 34 sbh per layer,
+    the loss's fp32 logits): only used to aim drawn scenarios at a fill of the GPU's memory, never to judge one."""
+    params = (12 * layers * hidden * hidden + vocab * hidden) / (tp * pp)
+    per_param = _STATE_BYTES[optimizer] * (0.5 if precision == "bf16" else 1.0)
+    states = params * (4 + (per_param - 4) / (dp if zero >= 1 else 1))
+    per_layer = {"none": 34, "selective": 24, "full": 2}[recompute] * seq * micro * hidden / tp
+    logits = 12 * seq * micro * vocab / tp
+    return states + per_layer * max(1, layers // pp) * in_flight + logits
+
+
+@st.composite
+def multi_gpu_scenarios(draw, topologies: Sequence[str] = tuple(_TOPOLOGIES), max_nodes: int = 2,
+                        max_layers: int = 8, max_microbatches: int = 8,
+                        fills: Sequence[float | None] = (None, 0.6, 0.85, 0.95, 1.0, 1.05, 1.15, 1.4)) -> dict:
+    """Valid multi-GPU scenario dicts (for simulator.scenario.scenario_from_dict) on the bundled topologies.
+
+    Every GPU of `topology` x `nodes` is used: tp (dividing the heads and the node), pp (at most the layers)
+    and dp; virtual stages with interleaved-1f1b; micro-batch, micro-batches per pipeline, recompute, ZeRO
+    stage (2 and 3 only with pp = 1, as simulate allows; megatron at most 1), sequence parallelism, schedule,
+    precision, framework and optimizer vary. Models are small in layers (a full simulation takes about a
+    second) but not in width: with a `fill` from `fills` the head dimension, micro-batch and sequence are
+    chosen so that a crude footprint (`_rough_bytes_per_gpu`) is that fraction of the GPU's memory, so a good
+    share of the drawn plans lies near the capacity; None draws them freely.
+    """
+    topologies = tuple(topologies)
+    _require(bool(topologies) and all(t in _TOPOLOGIES for t in topologies),
+             f"topologies = {topologies!r}: choose from {', '.join(_TOPOLOGIES)}")
+    _require(max_nodes >= 1 and max_layers >= 2 and max_microbatches >= 1,
+             f"max_nodes = {max_nodes}, max_layers = {max_layers}, max_microbatches = {max_microbatches}: "
+             f"need >= 1, >= 2, >= 1")
+    topology = draw(st.sampled_from(topologies))
+    per_node, capacity = _TOPOLOGIES[topology]
+    nodes = draw(st.integers(1, max_nodes)) if topology.startswith(("dgx", "hgx")) else 1
+    gpus = per_node * nodes
+    tp = draw(st.sampled_from([t for t in _divisors(per_node) if t <= 8]))
+    pp = draw(st.sampled_from([q for q in _divisors(gpus // tp) if q <= max_layers]))
+    dp = gpus // (tp * pp)
+    layers = draw(st.integers(max(2, pp), max_layers))
+    schedule, virtual = "1f1b", 1
+    if pp > 1:
+        schedule = draw(st.sampled_from(["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2"]))
+        if schedule == "interleaved-1f1b":
+            if layers < 2 * pp:
+                layers = 2 * pp if 2 * pp <= max_layers else layers
+            options = [v for v in range(2, layers // pp + 1) if layers % pp == 0 and (layers // pp) % v == 0]
+            if options:
+                virtual = draw(st.sampled_from(options))
+            else:
+                schedule = "1f1b"
+    if schedule == "interleaved-1f1b":
+        microbatches = pp * draw(st.integers(1, max(1, max_microbatches // pp)))
+    else:
+        microbatches = draw(st.integers(1, max_microbatches))
+    architecture = draw(st.sampled_from(["gpt", "llama"]))
+    heads = draw(st.sampled_from([h for h in (8, 16, 32, 64) if h % tp == 0]))
+    framework = draw(st.sampled_from(["torch", "megatron", "deepspeed"]))
+    zero_options = [0] if dp == 1 else [0, 1] if (pp > 1 or framework == "megatron") else [0, 1, 2, 3]
+    zero = draw(st.sampled_from(zero_options))
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    precision = draw(st.sampled_from(["bf16-mixed", "bf16-mixed", "fp16-mixed", "fp32", "bf16"]))
+    optimizer = draw(st.sampled_from(["adamw", "adamw", "sgd", "adam-8bit"]))
+    vocab = draw(st.sampled_from([8000, 32000, 50257]))
+    fill = draw(st.sampled_from(tuple(fills)))
+    if fill is None:
+        head_dim = draw(st.sampled_from(_HEAD_DIMS))
+        micro = draw(st.sampled_from(_MICRO_BATCHES[:3]))
+        seq = draw(st.sampled_from(_SEQUENCES[:4]))
+    else:
+        in_flight = microbatches if schedule == "gpipe" else min(pp, microbatches)
+        target = fill * capacity
+
+        def miss(choice: tuple[int, int, int]) -> tuple[float, tuple[int, int, int]]:
+            d, b, s = choice
+            rough = _rough_bytes_per_gpu(layers, heads * d, vocab, s, b, tp, pp, dp, zero, recompute, in_flight,
+                                         optimizer, precision)
+            return abs(rough - target), choice
+
+        head_dim, micro, seq = min(((d, b, s) for d in _HEAD_DIMS for b in _MICRO_BATCHES for s in _SEQUENCES),
+                                   key=miss)
+    sequence_parallel = tp > 1 and draw(st.booleans())
+    model = {"architecture": architecture, "num_layers": layers, "hidden_size": heads * head_dim,
+             "num_attention_heads": heads, "vocab_size": vocab, "seq_length": seq}
+    if architecture == "llama":
+        model["num_kv_heads"] = draw(st.sampled_from([k for k in _divisors(heads) if k % tp == 0]))
+    else:
+        model["max_position_embeddings"] = seq
+        model["dropout"] = draw(st.sampled_from([0.0, 0.1]))
+    return {
+        "name": f"hypothesis-{architecture}-{topology}-tp{tp}-pp{pp}-dp{dp}",
+        "model": model,
+        "training": {"micro_batch_size": micro, "global_batch_size": micro * dp * microbatches,
+                     "precision": precision, "framework": framework, "optimizer": optimizer,
+                     "recompute": recompute},
+        "parallel": {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "virtual_stages": virtual,
+                     "zero_stage": zero, "sequence_parallel": sequence_parallel},
+        "cluster": {"topology": topology, "nodes": nodes},
     }
 
 

@@ -55,7 +55,7 @@ class Cluster:
     nodes: int
     allocator_kind: str
     context_bytes: int              # memory outside the allocator (CUDA context, library workspaces)
-    allocator_capacity_bytes: int   # device memory minus context_bytes
+    allocator_capacity_bytes: int   # device memory minus context_bytes, capped by allocator.memory_fraction
     calibration: Calibration | None = field(default=None, compare=False)
     topology: object | None = field(default=None, compare=False)   # network Topology of a multi-GPU cluster
 
@@ -170,7 +170,7 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
     try:
         device = get_device(name)
     except TopologyError as error:
-        if p.dp * p.tp * p.pp == 1:
+        if p.dp * p.tp * p.pp == 1 and not _one_gpu(name):
             raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: "
                                 f"{_multi_gpu_hint(name) or error}") from None
         topology = _multi_gpu_topology(scenario, name, error)
@@ -195,7 +195,14 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
         raise TopologyError(f"{scenario.source}: allocator.context_bytes = {context}: must be less than "
                             f"the device memory ({device.memory_bytes} bytes)")
     nodes = 1 if topology is None else topology.nodes
-    return Cluster(device, nodes, kind, context, device.memory_bytes - context, calibration, topology)
+    capacity = device.memory_bytes - context
+    fraction = scenario.allocator.memory_fraction
+    if fraction < 1.0:
+        # torch.cuda.set_per_process_memory_fraction: the caching allocator refuses a cudaMalloc that would take
+        # its reserved bytes past int(fraction x total device memory) (CUDACachingAllocator's
+        # allowed_memory_maximum); the rest of the card stays unused.
+        capacity = min(capacity, int(fraction * device.memory_bytes))
+    return Cluster(device, nodes, kind, context, capacity, calibration, topology)
 
 
 def _multi_gpu_topology(scenario: Scenario, name: str, error: TopologyError):
@@ -208,6 +215,18 @@ def _multi_gpu_topology(scenario: Scenario, name: str, error: TopologyError):
         return load_topology(name, nodes=scenario.cluster.nodes)
     except TopologyError as failure:
         raise TopologyError(f"{scenario.source}: cluster.topology = {name!r}: {failure}") from None
+
+
+def _one_gpu(name: str) -> bool:
+    """Whether `name` is a topology (bundled or a file) of one-GPU servers (a single-GPU run uses it as it is)."""
+    from simulator.network.topology import list_topologies, load_topology
+
+    if name not in list_topologies() and not name.endswith(".toml"):
+        return False
+    try:
+        return load_topology(name).gpus_per_node == 1
+    except TopologyError:
+        return False
 
 
 def _multi_gpu_hint(name: str) -> str:

@@ -185,7 +185,8 @@ def _check_report(report: dict, pp: int = 1) -> None:
     assert 0 < report["mfu"] < 1 and 0 <= report["bubble_fraction"] < 1
     assert report["fits"] == (not any(rank["oom"] for rank in report["ranks"])
                               and all(rank["peak_reserved_bytes"] <= rank["capacity_bytes"]
-                                      for rank in report["ranks"]))
+                                      for rank in report["ranks"])
+                              and all(node["fits"] for node in report["host_memory"]))
 
 
 # --- bad input: exit 2, one line on stderr naming file, key and value ------------------------------
@@ -404,6 +405,8 @@ EXPECTED_FITS = {
     "gpt2-cpu.toml": True,
     "gpt2-rtx4090.toml": True,
     "llama7b-rtx4090-recompute.toml": False,
+    "llama7b-rtx4090-zero-infinity.toml": True,
+    "llama7b-rtx4090-zero-offload.toml": False,      # the host's 128 GB, not the GPU (docs/offload.md)
     "showcase.toml": False,
     "vit-large-h100.toml": True,
 }

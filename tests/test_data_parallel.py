@@ -317,3 +317,31 @@ def test_bad_data_parallel_options_are_plan_errors(kwargs, match):
 
 def test_shard_numel_pads_up():
     assert [shard_numel(n, 4) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_fp16_loss_scaler_survives_zero_sharding(stage):
+    """fp16-mixed keeps the loss scaler's kernels when ZeRO replaces the optimizer step: the sharded step used to
+    drop the temporaries' tensors while the kept unscale op still allocated them (KeyError). DeepSpeed's scaler
+    checks its gradient shard (an fp32 copy and its sum), all_reduces the overflow flag, then unscales."""
+    from simulator.api import simulate
+
+    doc = _document("deepspeed", precision="fp16-mixed")
+    doc["parallel"] = {"dp": 8, "zero_stage": stage}
+    doc["training"]["global_batch_size"] = 16
+    doc["cluster"] = {"topology": "hgx-h200"}
+    report = simulate(scenario_from_dict(doc), timelines=False).report
+    scaler = [op for op in _workload_ops(doc) if op.name.startswith("grad_scaler.")]
+    assert [op.name for op in scaler] == ["grad_scaler.zero.shard.float", "grad_scaler.zero.shard.sum",
+                                          "grad_scaler.overflow_all_reduce", "grad_scaler.unscale_and_clip"]
+    assert [len(op.allocs) for op in scaler] == [1, 1, 0, 0]
+    assert report["ranks"][0]["peak_allocated_bytes"] > 0
+
+
+def _workload_ops(doc: dict):
+    """The optimizer ops of the dp workload of `doc` (rank 0's)."""
+    scenario = scenario_from_dict(doc)
+    device = resolve_cluster(scenario).device
+    recipe = dataclasses.replace(recipe_for(scenario, device), dp=scenario.parallel.dp,
+                                 zero_stage=scenario.parallel.zero_stage)
+    return build_iteration(model_shape(scenario), recipe, kernel_profile(device)).optimizer

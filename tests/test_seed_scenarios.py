@@ -204,7 +204,7 @@ def test_vit_large_batch_64_needs_a_technique_and_mixed_precision_is_faster():
 
 def test_memory_fraction_takes_memory_away():
     capped = report("vit-large-memory-fraction-3090")
-    uncapped = report("vit-large-memory-fraction-3090", "allocator.context_bytes=auto")
+    uncapped = report("vit-large-memory-fraction-3090", "allocator.memory_fraction=1.0")
     assert uncapped["fits"] is True
     assert capped["fits"] is False
     assert rank0(capped)["peak_allocated_bytes"] == rank0(uncapped)["peak_allocated_bytes"]

@@ -14,12 +14,13 @@ from simulator.errors import TopologyError
 from simulator.hardware.catalog import get_device
 from simulator.network.topology import list_topologies, load_topology
 
-BUNDLED = ["dgx-a100", "dgx-h100", "hgx-h200", "pcie-4x4090", "pcie-8xa100"]
+BUNDLED = ["dgx-a100", "dgx-h100", "hgx-h200", "pcie-4x4090", "pcie-8xa100"]    # multi-GPU servers with NICs
+ONE_GPU = ["workstation-rtx4090"]
 
 
 def test_bundled_topologies_load_with_catalog_gpus_and_sources():
-    assert list_topologies() == BUNDLED
-    for name in BUNDLED:
+    assert list_topologies() == sorted(BUNDLED + ONE_GPU)
+    for name in BUNDLED + ONE_GPU:
         topology = load_topology(name)
         assert get_device(topology.server.gpu).kind == "gpu"
         for link in topology.server.links:

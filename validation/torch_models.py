@@ -64,6 +64,7 @@ class ModelSpec:
     dropout: float
     tied_embeddings: bool
     rope_theta: float
+    share_layers: bool = False      # ALBERT-style: one block module run num_layers times
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def parse_model(model: Mapping[str, object]) -> ModelSpec:
         bias=bool(fields["bias"]), attention=_choice("model", "attention", model.get("attention", "flash")),
         dropout=float(dropout), tied_embeddings=bool(fields["tied_embeddings"]),
         rope_theta=float(model.get("rope_theta", 10000.0)),
+        share_layers=bool(model.get("share_layers", False)),
     )
 
 
@@ -367,7 +369,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.wpe = nn.Embedding(spec.max_position_embeddings, spec.hidden_size)
         self.drop = nn.Dropout(spec.dropout)
-        self.h = nn.Sequential(*[GPTBlock(spec, recompute == "selective") for _ in range(spec.num_layers)])
+        self.h = nn.Sequential(*_blocks(spec, lambda: GPTBlock(spec, recompute == "selective")))
         self.ln_f = make_norm(spec)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -494,9 +496,7 @@ class Llama(nn.Module):
         self.recompute = recompute
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.tables = LlamaTables(spec)
-        self.layers = nn.Sequential(
-            *[LlamaBlock(spec, recompute == "selective", self.tables) for _ in range(spec.num_layers)]
-        )
+        self.layers = nn.Sequential(*_blocks(spec, lambda: LlamaBlock(spec, recompute == "selective", self.tables)))
         self.norm = make_norm(spec)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -512,6 +512,13 @@ class Llama(nn.Module):
 
 # ----------------------------------------------------------------------------------------------
 # Recompute, build, step
+
+
+def _blocks(spec: ModelSpec, make: Callable[[], nn.Module]) -> list[nn.Module]:
+    """spec.num_layers blocks; with share_layers one block repeated (parameters() lists its weights once)."""
+    if spec.share_layers:
+        return [make()] * spec.num_layers
+    return [make() for _ in range(spec.num_layers)]
 
 
 def run_blocks(blocks: nn.Sequential, x: torch.Tensor, recompute: str) -> torch.Tensor:

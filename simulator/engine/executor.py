@@ -14,13 +14,13 @@ from simulator.engine import memory_worker
 from simulator.engine.allocator import Allocator
 from simulator.engine.logs import PHASE_CODES, IntervalLog
 from simulator.engine.memory_log import (ALLOC, BOUNDARY, COLL_ALLOC, COLL_FREE, FREE, MEASURE, RECV_ALLOC,
-                                         RUN_FREE, apply, where)
+                                         RUN_FREE, TRANSFER_ALLOC, TRANSFER_FREE, apply, where)
 from simulator.engine.results import BlockedInstruction, EngineDeadlock, EngineTrace, collect
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
 from simulator.errors import PlanError, TopologyError
-from simulator.parallel.program import (Alloc, Blocking, Collective, Free, Mark, Period, Program, Recv, Run,
-                                        Send, Signal, WaitFor)
+from simulator.parallel.program import (Alloc, Blocking, Collective, Free, HostAlloc, HostFree, Mark, Period,
+                                        Program, Recv, Run, Send, Signal, Transfer, WaitFor)
 
 if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
@@ -326,6 +326,17 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             if instruction.label == "measure":
                 log.add(stream_word | (index - 1) << 12 | MEASURE, now)
             state.marks.append((instruction.label, instruction.iteration, now))
+        elif kind is Transfer:
+            if now > env.now:
+                yield env.at(now)     # the network model works at env.now
+                quiet = None
+            yield from _transfer(env, state, world, stream, instruction, index - 1, stream_word | (index - 1) << 12,
+                                 record_spans)
+            now = env.now
+            own = ahead
+            quiet = None
+        elif kind is HostAlloc or kind is HostFree:
+            state.host_events.append((now, 1 if kind is HostAlloc else -1, instruction.tensors))
         elif kind is Collective or kind is Send or kind is Recv:
             if now > env.now:
                 yield env.at(now)     # the network model works at env.now
@@ -547,13 +558,49 @@ def _record_inline(state: RankState, name: str, collective, at: int, start_s: fl
 
 
 def _expose(state: RankState, signaller: str, waited_from_s: float, now_s: float) -> None:
-    """Count the part of a compute-stream wait during which the signalling stream was transferring."""
+    """Count the part of a compute-stream wait during which the signalling stream was transferring (exposed
+    communication, or exposed offload when the stream is one that posts offload transfers)."""
     transfers = state.stream_transfers.get(signaller)
     if transfers is None:
         return
+    exposed = state.offload_exposed if signaller in state.offload_streams else state.exposed_intervals
     for start_s, end_s in zip(reversed(transfers.starts), reversed(transfers.ends)):   # sequential per stream
         if end_s <= waited_from_s:
             break
         a, b = max(start_s, waited_from_s), min(end_s, now_s)
         if b > a:
-            state.exposed_intervals.add(a, b)
+            exposed.add(a, b)
+
+
+def _transfer(env: _Environment, state: RankState, world: _World, stream: str, instruction: Transfer, index: int,
+              at: int, record_spans: bool):
+    """Run an offload transfer of `stream` at env.now: its allocations, its flows, then its frees; its time is offload
+    traffic (host compute for route "host"), exposed while the compute stream runs it itself."""
+    now = env.now
+    state.comm_streams[stream] = None            # compute waits on its signals count as exposure (_expose)
+    state.offload_streams[stream] = None
+    if instruction.allocs:
+        state.log.add(at | TRANSFER_ALLOC, now)
+    if instruction.host_allocs:
+        state.host_events.append((now, 1, instruction.host_allocs))
+    rank = state.program.rank
+    pending = world.network(rank, instruction).transfer(rank, instruction)
+    if not pending.done.triggered:
+        state.blocked[stream] = (index, instruction, pending)
+    yield pending.done
+    state.blocked.pop(stream, None)
+    start_s, end_s = pending.start_s, env.now
+    if end_s > start_s:
+        (state.host_intervals if instruction.route == "host" else state.offload_intervals).add(start_s, end_s)
+        transfers = state.stream_transfers.get(stream)
+        if transfers is None:
+            transfers = state.stream_transfers[stream] = IntervalLog()
+        transfers.add(start_s, end_s)
+        if stream == COMPUTE_STREAM:
+            state.offload_exposed.add(start_s, end_s)
+    if record_spans:
+        state.spans[stream].add_comm(instruction, start_s, end_s)
+    if instruction.frees:
+        state.log.add(at | TRANSFER_FREE, end_s)
+    if instruction.host_frees:
+        state.host_events.append((end_s, -1, instruction.host_frees))

@@ -25,6 +25,8 @@ COLL_FREE = 6          # a Collective's frees at its end (or a Blocking instruct
 BOUNDARY = 7           # a Period instruction
 MEASURE = 8            # Mark("measure"): peaks reset
 STRETCH = 9            # not a call: the next calls are a replayed stretch's (engine/stretches.py), see below
+TRANSFER_ALLOC = 10    # an offload Transfer's device allocs (at its start)
+TRANSFER_FREE = 11     # an offload Transfer's device frees (at its end)
 STREAM_SHIFT = 4
 INDEX_SHIFT = 12
 MAX_STREAMS = 1 << (INDEX_SHIFT - STREAM_SHIFT)    # streams per program
@@ -127,6 +129,10 @@ def apply(memory, program: Program, words, times) -> None:
             memory.free(instruction.tensors, time_s, instruction.reason)
         elif code == RECV_ALLOC:
             memory.allocate(instruction.allocs, names[stream_id], time_s, instruction.name)
+        elif code == TRANSFER_ALLOC:
+            memory.allocate(instruction.allocs, names[stream_id], time_s, instruction.name)
+        elif code == TRANSFER_FREE:
+            memory.free(instruction.frees, time_s, instruction.name)
         elif code == BOUNDARY:
             memory.boundary(instruction)
         elif code == MEASURE:

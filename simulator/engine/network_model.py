@@ -35,11 +35,12 @@ from simulator.network.collectives import CollectiveSchedule, Phase, candidates,
 from simulator.network.footprint import (footprint, interference_components, isolated_duration_s,
                                          pairs_footprint, schedule_pairs)
 from simulator.network.flows import FlowNetwork
+from simulator.network.host import transfer_schedule
 from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
-from simulator.parallel.program import COMM_INSTRUCTIONS, Blocking, Collective, Program, Recv, Send
+from simulator.parallel.program import COMM_INSTRUCTIONS, Blocking, Collective, Program, Recv, Send, Transfer
 
-_OTHER_COMMUNICATION = frozenset(COMM_INSTRUCTIONS)       # what _analyze looks at, besides Blocking
+_OTHER_COMMUNICATION = frozenset(COMM_INSTRUCTIONS + (Transfer,))   # what _analyze looks at, besides Blocking
 _BLOCKING_KEY = attrgetter("collective.kind", "collective.group", "collective.size_bytes")
 _BLOCKING_POSTER = attrgetter("collective.group", "stream")
 
@@ -141,6 +142,7 @@ class NetworkModel:
         self._inline: dict[tuple, tuple] = {}     # (kind, group, size, rank) -> inline_duration_s's answer
         self._started_shadows: dict[tuple, tuple[tuple[tuple[int, ...], ...], int]] = {}   # -> (kept, dropped)
         self._shadow_sends: dict[tuple, tuple[tuple[CollectiveSchedule, ...], int, int]] = {}   # _shadow_transfers
+        self._offload: dict[tuple, tuple[CollectiveSchedule, tuple[CollectiveSchedule, ...], int]] = {}   # transfer()
         if programs is not None:
             self._analyze(programs, isolate)
 
@@ -290,6 +292,31 @@ class NetworkModel:
             self._recvs.setdefault(key, deque()).append((instruction, pending))
         return pending
 
+    def transfer(self, rank: int, instruction: Transfer) -> Pending:
+        """Start an offload transfer of `rank` now (it waits for nobody), with the same transfer of every unsimulated
+        rank it stands for whose links reach simulated traffic (network/host.py lowers it to flows)."""
+        pending = Pending(self.env, rank, self.env.now)
+        schedule, shadows, dropped = self._offload_schedules(rank, instruction)
+        self._launch(schedule, [pending], instruction.name)
+        for shadow in shadows:
+            self._launch(shadow, [], instruction.name)
+        self.shadow_operations += len(shadows)
+        self.shadows_dropped += dropped
+        return pending
+
+    def _offload_schedules(self, rank: int, instruction: Transfer) -> tuple:
+        """(the transfer's schedule, its shadows' schedules worth starting, shadows dropped), remembered."""
+        key = (rank, instruction.route, instruction.size_bytes, instruction.cap_bytes_per_s)
+        found = self._offload.get(key)
+        if found is None:
+            route, size, cap = instruction.route, instruction.size_bytes, instruction.cap_bytes_per_s
+            others = self.shadows.represented(rank)
+            kept = [r for r in others if self._kept is None or ("transfer", (r, route, cap), size) in self._kept]
+            found = self._offload[key] = (transfer_schedule(self.topology, rank, route, size, cap),
+                                          tuple(transfer_schedule(self.topology, r, route, size, cap) for r in kept),
+                                          len(others) - len(kept))
+        return found
+
     @staticmethod
     def _check_pair(send: Send, recv: Recv, src: int) -> None:
         if send.size_bytes != recv.size_bytes:
@@ -320,16 +347,24 @@ class NetworkModel:
                         real[("send", (rank, instruction.peer), instruction.size_bytes)] = None
                     elif kind is Recv:
                         real[("send", (instruction.peer, rank), instruction.size_bytes)] = None
+                    elif kind is Transfer:
+                        real[("transfer", (rank, instruction.route, instruction.cap_bytes_per_s),
+                              instruction.size_bytes)] = None
         shadows: dict[tuple, None] = {}
         for kind, group, size in real:
-            if kind == "send":
+            if kind == "transfer":
+                rank, route, cap = group
+                shadows.update(dict.fromkeys(("transfer", (r, route, cap), size)
+                                             for r in self.shadows.represented(rank)))
+            elif kind == "send":
                 shadows.update(dict.fromkeys(("send", pair, size) for pair in self.shadows.pairs(*group)))
             else:
                 shadows.update(dict.fromkeys((kind, shadow, size) for shadow in self.shadows.groups(kind, group)))
         operations = dict.fromkeys(real) | shadows
         # A shadow's footprint is the union over every algorithm NCCL could pick for it (a superset, so
         # pruning stays exact) which spares choosing the algorithm of shadows that are then dropped.
-        footprints = {key: footprint(self.topology, self._lower(*key)) if key in real else self._any_footprint(key)
+        footprints = {key: self._transfer_footprint(key) if key[0] == "transfer"
+                      else footprint(self.topology, self._lower(*key)) if key in real else self._any_footprint(key)
                       for key in operations}
         component = interference_components(footprints)
         reached = {component[key] for key in real if component[key] >= 0}
@@ -342,11 +377,22 @@ class NetworkModel:
                 groups.setdefault(component[key], set()).add((key[0] == "send", key[1]))
         for key in real:
             kind, group, _ = key
-            if kind == "send" or component[key] < 0 or groups[component[key]] != {(False, group)}:
+            if kind in ("send", "transfer") or component[key] < 0 or groups[component[key]] != {(False, group)}:
                 continue
             streams = posters[group]
             if all(len(streams.get(r, ())) == 1 for r in group if r in self.simulated):
                 self._isolated[key] = None
+
+    def _transfer_footprint(self, key: tuple) -> tuple[int, ...]:
+        """Resources an offload transfer ("transfer", (rank, route, cap), size) loads (its flows' routes)."""
+        _, (rank, route, cap), size = key
+        cache_key = ("transfer", rank, route, size > 0)
+        found = self._footprints.get(cache_key)
+        if found is None:
+            found = self._footprints[cache_key] = footprint(self.topology,
+                                                            transfer_schedule(self.topology, rank, route, 1.0, cap)) \
+                if size > 0 else ()
+        return found
 
     def _any_footprint(self, key: tuple) -> tuple[int, ...]:
         """Resources `key` may load under any of its candidate algorithms (one protocol each: same links)."""

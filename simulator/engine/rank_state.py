@@ -14,7 +14,7 @@ from simulator.engine.logs import IntervalLog, SpanLog
 from simulator.engine.memory import RankMemory
 from simulator.engine.memory_log import MAX_STREAMS, MemoryLog
 from simulator.errors import PlanError
-from simulator.parallel.program import Collective, Period, Program, Recv, Send, Signal, WaitFor
+from simulator.parallel.program import Collective, Period, Program, Recv, Send, Signal, Transfer, WaitFor
 from simulator.trace.records import RankTrace
 
 if TYPE_CHECKING:
@@ -68,6 +68,13 @@ class RankState:
         self.stream_transfers: dict[str, IntervalLog] = {}   # comm stream -> transfer times
         self.comm_intervals = IntervalLog()
         self.exposed_intervals = IntervalLog()
+        # Offload (Transfer instructions): the streams that post them, when copies moved bytes, when the host
+        # computed, when the compute stream waited for either; host memory calls as (time, +1 | -1, tensor ids).
+        self.offload_streams: dict[str, None] = {}
+        self.offload_intervals = IntervalLog()
+        self.host_intervals = IntervalLog()
+        self.offload_exposed = IntervalLog()
+        self.host_events: list[tuple[float, int, tuple[int, ...]]] = []
         waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
         signalled: dict[str, set[str]] = {}          # stream -> the events it signals
         compute_signals: list[int] = []              # indices of the compute stream's Signals
@@ -164,8 +171,8 @@ class RankState:
             if pending is None:
                 if not self.events[instruction.event].triggered:
                     continue
-            elif type(instruction) is Collective and instruction.frees:
-                return False
+            elif type(instruction) is Collective and instruction.frees or type(instruction) is Transfer:
+                return False              # its end makes memory calls (a transfer's: device or host ones)
             if not self._effect_free(name, index + 1):
                 return False
         return True

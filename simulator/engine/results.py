@@ -34,6 +34,11 @@ class RankCommunication:
 
     intervals: np.ndarray = field(default_factory=_no_pairs)     # (n, 2) (start, end), sorted
     exposed_intervals: np.ndarray = field(default_factory=_no_pairs)
+    # Offload (program.Transfer): when copies over PCIe or to the drives moved bytes, when the host computed
+    # (route "host"), and when the compute stream waited for either (or ran a transfer itself).
+    offload_intervals: np.ndarray = field(default_factory=_no_pairs)
+    host_intervals: np.ndarray = field(default_factory=_no_pairs)
+    offload_exposed_intervals: np.ndarray = field(default_factory=_no_pairs)
 
     @property
     def total_s(self) -> float:
@@ -49,12 +54,18 @@ class RankCommunication:
         """(total, exposed) communication seconds inside the window [start_s, end_s]."""
         return covered(self.intervals, start_s, end_s), covered(self.exposed_intervals, start_s, end_s)
 
+    def offload_between(self, start_s: float, end_s: float) -> tuple[float, float, float]:
+        """(offload traffic, host compute, exposed offload) seconds inside the window [start_s, end_s]."""
+        return (covered(self.offload_intervals, start_s, end_s), covered(self.host_intervals, start_s, end_s),
+                covered(self.offload_exposed_intervals, start_s, end_s))
+
     def __eq__(self, other: object) -> bool:
         if type(other) is not RankCommunication:
             return NotImplemented
         import numpy as np
-        return np.array_equal(self.intervals, other.intervals) \
-            and np.array_equal(self.exposed_intervals, other.exposed_intervals)
+        return all(np.array_equal(getattr(self, name), getattr(other, name))
+                   for name in ("intervals", "exposed_intervals", "offload_intervals", "host_intervals",
+                                "offload_exposed_intervals"))
 
 
 @dataclass
@@ -103,6 +114,10 @@ def covered(pairs: np.ndarray, start_s: float, end_s: float) -> float:
     return float(np.cumsum(lengths)[-1]) if len(lengths) else 0.0
 
 
+def _event_time(event: tuple) -> float:
+    return event[0]
+
+
 def collect(states: list[RankState], outcomes: list[MemoryOutcome], end_time_s: float) -> EngineTrace:
     """Each simulated rank's trace and communication once the simulation has ended, with its memory outcome."""
     ranks = []
@@ -110,8 +125,10 @@ def collect(states: list[RankState], outcomes: list[MemoryOutcome], end_time_s: 
     communication: dict[int, RankCommunication] = {}
     for state, memory in zip(states, outcomes):
         # Sorted: with lookahead, streams of a rank append them out of time order (totals are unchanged).
-        communication[state.program.rank] = RankCommunication(state.comm_intervals.sorted_pairs(),
-                                                              state.exposed_intervals.sorted_pairs())
+        communication[state.program.rank] = RankCommunication(
+            state.comm_intervals.sorted_pairs(), state.exposed_intervals.sorted_pairs(),
+            state.offload_intervals.sorted_pairs(), state.host_intervals.sorted_pairs(),
+            state.offload_exposed.sorted_pairs())
         trace = state.trace
         trace.spans = SpanColumns(state.program.rank, [(name, state.spans[name]) for name in state.program.streams])
         trace.memory = SampleColumns(memory.samples)
@@ -124,6 +141,8 @@ def collect(states: list[RankState], outcomes: list[MemoryOutcome], end_time_s: 
         trace.peak_op = memory.peak_op
         trace.breakdown_at_peak = dict(zip(CATEGORIES, memory.peak_breakdown))
         trace.category_peaks = dict(zip(CATEGORIES, memory.category_peaks))
+        # Host memory calls in time order (streams running ahead log out of order; ties keep the log's order).
+        trace.host_events = sorted(state.host_events, key=_event_time)
         ranks.append(trace)
         if not bounds:
             starts = {it: t for label, it, t in state.marks if label == "iteration_start"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from simulator.engine.logs import COMM_CODE, PHASE_CODES, SpanLog
-from simulator.parallel.program import Collective, Recv, Run, Send
+from simulator.parallel.program import Collective, Recv, Run, Send, Transfer
 from simulator.trace.records import COMM_PHASE, MemorySample, Span
 
 new_tuple = tuple.__new__
@@ -27,7 +27,7 @@ def comm_span_fields(rank: int, stream: str, info) -> tuple:
     instruction, or the two tuples themselves)."""
     if type(info) is tuple:
         return info
-    kind = info.kind if type(info) is Collective else _SPAN_KINDS[type(info)]
+    kind = info.kind if type(info) is Collective else info.route if type(info) is Transfer else _SPAN_KINDS[type(info)]
     return (rank, stream, info.name, kind, COMM_PHASE), (0.0, int(info.size_bytes), info.iteration)
 
 

@@ -77,6 +77,9 @@ class DeviceSpec:
     host_backward_op_s: float = 0.0
     host_checkpoint_s: float = 0.0       # per checkpointed region (charged when its recompute starts)
     host_optimizer_tensor_s: float = 0.0
+    # 2:4 semi-structured sparse GEMMs run at this multiple of the dense tensor rate (sparse tensor cores with
+    # torch's CUTLASS / cuSPARSELt kernels); 1.0: none (training.sparsity = "2:4" is refused).
+    sparse_gemm_speedup: float = 1.0
     source: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -106,6 +109,8 @@ class DeviceSpec:
                 raise bad(key, getattr(self, key), "must be a non-negative number")
         if not _is_number(self.gemm_unaligned_efficiency) or not 0 <= self.gemm_unaligned_efficiency <= 1:
             raise bad("gemm_unaligned_efficiency", self.gemm_unaligned_efficiency, "must be in [0, 1] (0: not modelled)")
+        if not _is_number(self.sparse_gemm_speedup) or self.sparse_gemm_speedup < 1:
+            raise bad("sparse_gemm_speedup", self.sparse_gemm_speedup, "must be a number >= 1 (1: no sparse GEMMs)")
         for key in ("hbm_efficiency", "attention_efficiency"):
             value = getattr(self, key)
             if not _is_number(value) or not 0 < value <= 1:
@@ -300,6 +305,7 @@ def _a100(name: str, display: str, memory: tuple[int, str], hbm: float, tdp: flo
     assumed = "" if name == "a100-80gb-sxm" else "assumed equal to a100-80gb-sxm (no measurement found): "
     return _nvidia(
         hopper=False, name=name, display_name=display, memory_bytes=memory,
+        sparse_gemm_speedup=(2.0, f"{A100_WP}: 624 TFLOP/s FP16/BF16 with sparsity = 2 x 312 dense"),
         hbm_bytes_per_s=(hbm, A100_WP), l2_bytes=(40 * MIB, f"{A100_WP}; deviceQuery 'L2 Cache Size: 41943040 bytes' "
                                                             "(samridh-dev/votess#10)"),
         l2_bytes_per_s=(5120 * 1.41e9, f"{L2_5120} x 1410 MHz boost"), sm_count=(108, A100_WP),
@@ -319,6 +325,7 @@ def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, 
             attn: tuple[float, str], hbm_by_class: dict[str, tuple[float, str]]) -> DeviceSpec:
     return _nvidia(
         hopper=True, name=name, display_name=display, memory_bytes=memory, hbm_bytes_per_s=hbm, l2_bytes=l2,
+        sparse_gemm_speedup=(2.0, f"{H100_DS}: 1,979 TFLOP/s FP16/BF16 with sparsity = 2 x 989.4 dense"),
         l2_bytes_per_s=(5120 * clock_mhz * 1e6, f"{L2_5120} x {clock_mhz:g} MHz boost (assumes Hopper keeps A100's "
                                                   "per-clock L2 width)"),
         sm_count=sms, peak_flop_per_s=peaks, tdp_w=tdp, pcie_gen=(5, H100_DS), pcie_lanes=(16, H100_DS),
@@ -450,6 +457,8 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 peak_flop_per_s={"fp32": (35.6e12, GA102_WP), "tf32": (35.6e12, GA102_WP),
                                  "bf16": (71e12, GA102_WP), "fp16": (71e12, GA102_WP)},
                 tdp_w=(350, GA102_WP), pcie_gen=(4, GA102_WP), pcie_lanes=(16, GA102_WP),
+                sparse_gemm_speedup=(2.0, f"{GA102_WP}: third-generation Tensor Cores with fine-grained structured "
+                                          "sparsity, the 'with sparsity' rates twice the dense ones"),
                 nvlink_bytes_per_s_per_direction=(0.0, "none by default; an optional NVLink bridge gives 112.5 "
                                                        f"GB/s total ({HW_MD}), not modeled"),
                 gemm_efficiency={
@@ -476,6 +485,8 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                                  "bf16": (165.2e12, AD102_WP), "fp16": (165.2e12, AD102_WP),
                                  "fp8": (330.3e12, AD102_WP)},
                 tdp_w=(450, AD102_WP), pcie_gen=(4, AD102_WP), pcie_lanes=(16, AD102_WP),
+                sparse_gemm_speedup=(2.0, f"{AD102_WP}: 330.4 TFLOP/s FP16 (FP32 accumulate) with sparsity = 2 x "
+                                          "165.2 dense"),
                 nvlink_bytes_per_s_per_direction=(0.0, f"no NVLink and no P2P on RTX 4090 ({HW_MD})"),
                 gemm_efficiency={
                     "fp32": (0.662, f"{ZZC}: RTX 4090 24GB fp32 46.48-55.01 TFLOP/s (median 54.72) / 82.6"),
@@ -487,6 +498,9 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 attention_efficiency=(0.6, "assumed: FlashAttention-2 paper reports 50-73% of peak on A100; no "
                                            "RTX 4090 measurement found")),
         _build(name="mi300x", display_name="AMD Instinct MI300X", kind="gpu",
+               sparse_gemm_speedup=(1.0, "no 2:4 path in torch on ROCm: aten/src/ATen/native/sparse/cuda/"
+                                         "SparseSemiStructuredTile.cu is compiled out under USE_ROCM (the hardware's "
+                                         "structured sparsity is not reachable from torch's semi-structured tensors)"),
                memory_bytes=(196592 * MIB, "torch get_device_properties 'AMD Instinct MI300X ... "
                                            "total_memory=196592MB, multi_processor_count=304' (ROCm/ROCm#4203)"),
                hbm_bytes_per_s=(5300e9, MI300X_DS),
@@ -552,6 +566,7 @@ def _cpu() -> DeviceSpec:
     low_eff = (ref_k / (ref_k + k_overhead)) / (low_k / (low_k + k_overhead))
     return _build(
         name="cpu", display_name="Host CPU (this machine, torch eager)", kind="cpu",
+        sparse_gemm_speedup=(1.0, "no sparse tensor cores; torch's 2:4 kernels are CUDA-only"),
         memory_bytes=(CPU_RUN["memory_bytes"], f"MemTotal from /proc/meminfo, {run}"),
         hbm_bytes_per_s=(CPU_RUN["dram_bytes_per_s"], f"{measured} (256 MiB tensor copy, bytes read + written)"),
         l2_bytes=(CPU_RUN["llc_bytes"], f"last-level cache size from sysfs, {run}"),

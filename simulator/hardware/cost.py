@@ -23,9 +23,9 @@ from types import MappingProxyType
 
 from simulator.errors import ScenarioError
 from simulator.hardware.catalog import DeviceSpec
-from simulator.workload.graph import ATTENTION, DTYPE_BYTES, GEMM, OP_CLASSES, Op
+from simulator.workload.graph import ATTENTION, DTYPE_BYTES, GEMM, OP_CLASSES, SPARSE_GEMM, Op
 
-TENSOR_OP_CLASSES = (GEMM, ATTENTION)
+TENSOR_OP_CLASSES = (GEMM, ATTENTION, SPARSE_GEMM)
 # Which peak_flop_per_s key a tensor op of each dtype runs at, first available wins.
 _TENSOR_RATE_ORDER = MappingProxyType({
     "fp32": ("fp32",),
@@ -178,11 +178,13 @@ def effective_flop_per_s(op: Op, device: DeviceSpec) -> float:
     tensor_op = op.op_class in TENSOR_OP_CLASSES
     key = rate_dtype(device, op.dtype, tensor_op)
     peak = device.peak_flop_per_s[key]
-    if op.op_class == GEMM:
+    if op.op_class in (GEMM, SPARSE_GEMM):
+        # A 2:4 sparse GEMM: the sparse tensor-core rate, with the dense GEMM's shape efficiency (assumed).
+        speedup = device.sparse_gemm_speedup if op.op_class == SPARSE_GEMM else 1.0
         if op.gemm_mnk is None:
-            return peak * device.gemm_efficiency[key]
+            return peak * device.gemm_efficiency[key] * speedup
         m, n, k = op.gemm_mnk
-        return peak * gemm_efficiency(device, m, n, k, op.gemm_batch, op.dtype)
+        return peak * gemm_efficiency(device, m, n, k, op.gemm_batch, op.dtype) * speedup
     if op.op_class == ATTENTION:
         return peak * device.attention_efficiency
     return peak

@@ -36,7 +36,7 @@ class ServerIndex:
                     capacities.append(link.bytes_per_s)
                 else:
                     forward, backward = len(capacities), len(capacities) + 1
-                    capacities.extend([link.bytes_per_s, link.bytes_per_s])
+                    capacities.extend([link.bytes_per_s, link.reverse_bytes_per_s])
                 self.edges.append((u, v, link, forward))
                 self.edges.append((v, u, link, backward))
         self.capacities = capacities
@@ -45,9 +45,9 @@ class ServerIndex:
             self.out[u].append((v, e))
         for hops in self.out:
             hops.sort()
-        self.cost = [int(round((link.latency_s + ROUTE_REFERENCE_BYTES / link.bytes_per_s) * _PS))
-                     for _, _, link, _ in self.edges]
-        self.transit = [kind != "gpu" for kind in self.kinds]
+        self.cost = [int(round((link.latency_s + ROUTE_REFERENCE_BYTES / capacities[res]) * _PS))
+                     for _, _, link, res in self.edges]
+        self.transit = [kind not in ("gpu", "nvme") for kind in self.kinds]      # a drive is an end, never a hop
         self.nics = [i for i, kind in enumerate(self.kinds) if kind == "nic"]
         self._paths: dict[int, dict[int, tuple[int, tuple[int, ...]]]] = {}
         self._edge_of = {(u, v): e for e, (u, v, _, _) in enumerate(self.edges)}

@@ -10,15 +10,18 @@ from pathlib import Path
 
 from simulator.errors import TopologyError
 from simulator.hardware.catalog import get_device
-from simulator.units import parse_bytes_per_s, parse_seconds
+from simulator.units import parse_bytes, parse_bytes_per_s, parse_seconds
 
-LINK_CLASSES = ("nvlink", "pcie", "memory", "socket", "network")
-COMPONENT_KINDS = ("nvswitch", "pcie_switch", "root_complex", "root_port", "host_memory", "nic")
+LINK_CLASSES = ("nvlink", "pcie", "memory", "socket", "network", "storage")
+COMPONENT_KINDS = ("nvswitch", "pcie_switch", "root_complex", "root_port", "host_memory", "nic", "nvme")
+CAPACITY_KINDS = ("host_memory", "nvme")     # components that hold bytes (`capacity`)
 SHARING = ("none", "pair", "all")
 _TOP_KEYS = ("name", "description", "gpu", "gpus", "source", "links", "components", "connect", "nic_of_gpu",
-             "fabric")
-_LINK_KEYS = ("class", "bytes_per_s", "source", "efficiency", "efficiency_source", "latency_s", "latency_source")
-_COMPONENT_KEYS = ("kind", "names", "source", "in_switch_reduction")
+             "fabric", "host")
+_LINK_KEYS = ("class", "bytes_per_s", "source", "efficiency", "efficiency_source", "latency_s", "latency_source",
+              "write_bytes_per_s")
+_COMPONENT_KEYS = ("kind", "names", "source", "in_switch_reduction", "capacity", "capacity_source")
+_HOST_KEYS = ("cpu_adam_elements_per_s", "cpu_adam_source", "cpu_stream_bytes_per_s", "cpu_stream_source")
 _CONNECT_KEYS = ("link", "a", "b", "shared")
 _FABRIC_KEYS = ("link", "leaf_down_ports", "spines", "oversubscription", "rail_optimized", "nodes", "source")
 
@@ -35,11 +38,19 @@ class LinkKind:
     source: str
     efficiency_source: str
     latency_source: str
+    raw_write_bytes_per_s: float | None = None   # class "storage": the rate toward the drive (its `a` end)
 
     @property
     def bytes_per_s(self) -> float:
-        """Payload bandwidth per direction (raw rate x efficiency): what flows share."""
+        """Payload bandwidth per direction (raw rate x efficiency): what flows share (a drive's read rate)."""
         return self.raw_bytes_per_s * self.efficiency
+
+    @property
+    def reverse_bytes_per_s(self) -> float:
+        """Payload bandwidth from `b` to `a`: a drive's write rate for class "storage", else `bytes_per_s`."""
+        if self.raw_write_bytes_per_s is None:
+            return self.bytes_per_s
+        return self.raw_write_bytes_per_s * self.efficiency
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,23 @@ class Component:
     kind: str
     in_switch_reduction: bool = False   # NVSwitch with NVLS (multimem reductions in the switch)
     source: str = ""
+    capacity_bytes: int = 0             # host_memory and nvme: bytes it holds (0: not given)
+    capacity_source: str = ""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """The host CPU's rates for the work offload puts on it, each with its source (topology `[host]` table).
+
+    `cpu_adam_elements_per_s`: parameters per second one CPU-Adam step updates using the whole server's cores
+    (DeepSpeed's DeepSpeedCPUAdam: fp32 parameter, gradient and both moments); `cpu_stream_bytes_per_s`: bytes
+    read plus written per second by the streaming element-wise host kernels (a dtype conversion, a scale).
+    """
+
+    cpu_adam_elements_per_s: float
+    cpu_adam_source: str
+    cpu_stream_bytes_per_s: float
+    cpu_stream_source: str
 
 
 @dataclass(frozen=True)
@@ -94,6 +122,11 @@ class ServerSpec:
     nic_of_gpu: tuple[str, ...] | None
     fabric: FabricSpec
     path: str
+    host: HostSpec | None = None
+
+    def components_of(self, kind: str) -> tuple[Component, ...]:
+        """The components of `kind`, in file order."""
+        return tuple(c for c in self.components if c.kind == kind)
 
     def link(self, name: str) -> LinkKind:
         """The link kind called `name`."""
@@ -171,7 +204,22 @@ def _parse_link(path: str, name: str, table: object) -> LinkKind:
     for key, text in zip(("source", "efficiency_source", "latency_source"), sources):
         if not text.strip():
             raise _bad(path, where + key, text, "must name where the number comes from")
-    return LinkKind(name, link_class, float(rate), float(efficiency), float(latency), *sources)
+    write = None
+    if "write_bytes_per_s" in table:
+        if link_class != "storage":
+            raise _bad(path, where + "write_bytes_per_s", table["write_bytes_per_s"],
+                       "only a link of class 'storage' (a drive) has a separate write rate")
+        try:
+            write = parse_bytes_per_s(table["write_bytes_per_s"])
+        except ValueError as error:
+            raise TopologyError(f"{path}: {where}: {error}") from None
+        if not math.isfinite(write) or write <= 0:
+            raise _bad(path, where + "write_bytes_per_s", table["write_bytes_per_s"], "must be a positive bandwidth")
+    elif link_class == "storage":
+        raise TopologyError(f"{path}: {where}write_bytes_per_s is required for class 'storage' (the drive's write "
+                            f"rate; bytes_per_s is its read rate)")
+    return LinkKind(name, link_class, float(rate), float(efficiency), float(latency), *sources,
+                    None if write is None else float(write))
 
 
 def _parse_component(path: str, index: int, table: object) -> list[Component]:
@@ -187,7 +235,48 @@ def _parse_component(path: str, index: int, table: object) -> list[Component]:
     if reduction and kind != "nvswitch":
         raise _bad(path, where + "in_switch_reduction", reduction, "only an nvswitch can reduce in the switch")
     source = _get(path, table, "source", where, str, "")
-    return [Component(name, kind, reduction, source) for name in names]
+    capacity = 0
+    capacity_source = ""
+    if "capacity" in table:
+        if kind not in CAPACITY_KINDS:
+            raise _bad(path, where + "capacity", table["capacity"], f"only {' and '.join(CAPACITY_KINDS)} components "
+                                                                     f"hold bytes")
+        try:
+            capacity = parse_bytes(table["capacity"])
+        except ValueError as error:
+            raise TopologyError(f"{path}: {where}capacity: {error}") from None
+        if capacity <= 0:
+            raise _bad(path, where + "capacity", table["capacity"], "must be a positive size")
+        capacity_source = _get(path, table, "capacity_source", where, str)
+        if not capacity_source.strip():
+            raise _bad(path, where + "capacity_source", capacity_source, "must name where the number comes from")
+    elif "capacity_source" in table:
+        raise TopologyError(f"{path}: {where}capacity_source given without capacity")
+    return [Component(name, kind, reduction, source, capacity, capacity_source) for name in names]
+
+
+def _parse_host(path: str, table: object) -> HostSpec:
+    """The `[host]` table: the CPU's rates for offloaded work, each with its source."""
+    if not isinstance(table, dict):
+        raise _bad(path, "host", table, "must be a table")
+    _check_keys(path, "host.", table, _HOST_KEYS)
+    values = []
+    for key, parse in (("cpu_adam_elements_per_s", None), ("cpu_stream_bytes_per_s", parse_bytes_per_s)):
+        if key not in table:
+            raise TopologyError(f"{path}: host.{key} is required")
+        raw = table[key]
+        try:
+            value = parse(raw) if parse is not None else raw
+        except ValueError as error:
+            raise TopologyError(f"{path}: host.{key}: {error}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise _bad(path, "host." + key, raw, "must be a positive rate")
+        source_key = key.replace("_elements_per_s", "_source").replace("_bytes_per_s", "_source")
+        source = _get(path, table, source_key, "host.", str)
+        if not source.strip():
+            raise _bad(path, "host." + source_key, source, "must name where the number comes from")
+        values += [float(value), source]
+    return HostSpec(*values)
 
 
 def _parse_connection(path: str, index: int, table: object, links: dict[str, LinkKind]) -> Connection:
@@ -279,6 +368,19 @@ def parse_server(data: dict, path: str) -> ServerSpec:
         known.append(component.name)
     connections = [_parse_connection(path, i, t, links)
                    for i, t in enumerate(_get(path, data, "connect", "", list, []))]
+    kinds = {c.name: c.kind for c in components}
+    for index, connection in enumerate(connections):
+        storage = links[connection.link].link_class == "storage"
+        for a, b in connection.pairs:
+            if storage and connection.shared != "none":
+                raise _bad(path, f"connect[{index}].shared", connection.shared, "a drive's read and write rates are "
+                                                                             "its own: a 'storage' link is not shared")
+            if storage and kinds.get(a) != "nvme":
+                raise _bad(path, f"connect[{index}].a", a, "a link of class 'storage' must have the drive (an nvme "
+                                                           "component) as its `a` end")
+            if not storage and "nvme" in (kinds.get(a), kinds.get(b)):
+                raise _bad(path, f"connect[{index}].link", connection.link, "an nvme component connects only by a "
+                                                                          "link of class 'storage'")
     seen: set[tuple[str, str]] = set()
     for index, connection in enumerate(connections):
         for a, b in connection.pairs:
@@ -302,8 +404,9 @@ def parse_server(data: dict, path: str) -> ServerSpec:
             raise _bad(path, "nic_of_gpu", list(nic_of_gpu), f"must list {gpus} NIC names (one per GPU) from "
                                                               f"{nic_names}")
     fabric = _parse_fabric(path, _get(path, data, "fabric", "", dict), links)
+    host = _parse_host(path, data["host"]) if "host" in data else None
     return ServerSpec(name, description, gpu, gpus, source, tuple(links.values()), tuple(components),
-                      tuple(connections), nic_of_gpu, fabric, path)
+                      tuple(connections), nic_of_gpu, fabric, path, host)
 
 
 def read_server(path: Path) -> ServerSpec:

@@ -12,8 +12,8 @@ and op i's run lasts E_i - E_(i-1): its kernel time k_i plus what the GPU waited
 in step because the host waits for the GPU between them in the runs memsim models: torch's training step reads
 the loss (`loss.item()`) after the backward and synchronizes after the step; Megatron's pipeline waits for each
 step's p2p calls (`batch_p2p_sync`). The slack a host may have built up before such a point is not carried over
-(an upper bound on the wait of a list's first ops). A collective's launch costs the host too; its own run stays
-0 s (its stream times it). CUDA graphs (`training.cuda_graphs`) replay a captured step with no per-kernel host
+(an upper bound on the wait of a list's first ops). A collective's or an offload copy's launch costs the host too; its own
+run stays 0 s (its stream times it). CUDA graphs (`training.cuda_graphs`) replay a captured step with no per-kernel host
 work: the clock is off (api.py gives the device zero host costs).
 """
 
@@ -24,7 +24,8 @@ import dataclasses
 from simulator.errors import ScenarioError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.program import Run
-from simulator.workload.graph import BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, OPTIMIZER_STEP, RECOMPUTE, Op
+from simulator.workload.graph import (BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, OFFLOAD_CLASSES, OPTIMIZER_STEP,
+                                     RECOMPUTE, Op)
 
 _BACKWARD = (BACKWARD_INPUT, BACKWARD_WEIGHT)
 
@@ -66,8 +67,8 @@ def host_issued(runs: list[Run], device: DeviceSpec) -> list[Run]:
         if op.phase == RECOMPUTE and previous != RECOMPUTE:
             host += device.host_checkpoint_s
         previous = op.phase
-        if op.op_class == COLLECTIVE:
-            out.append(run)
+        if op.op_class == COLLECTIVE or op.op_class in OFFLOAD_CLASSES:
+            out.append(run)           # timed on its own stream (network model, offload transfers)
             continue
         end = max(gpu, host) + run.duration_s
         duration_s = end - gpu

@@ -5,8 +5,8 @@ from __future__ import annotations
 from simulator.hardware.catalog import DeviceSpec
 from simulator.hardware.cost import op_time_s
 from simulator.parallel.host_issue import host_issued
-from simulator.parallel.program import Alloc, Free, Instruction, Mark, Program, Run
-from simulator.workload.graph import COLLECTIVE, Op, Tensor
+from simulator.parallel.program import Alloc, Free, HostAlloc, Instruction, Mark, Program, Run
+from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, Op, Tensor
 from simulator.workload.training import IterationWorkload
 
 COMPUTE = "compute"
@@ -44,8 +44,8 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
             if produced <= l2:
                 hits = sum(previous_outputs.get(tid, 0) for tid in op.inputs)
                 hits = min(hits, op.bytes_read)
-        if op.op_class == COLLECTIVE:
-            duration_s = 0.0
+        if op.op_class == COLLECTIVE or op.op_class in OFFLOAD_CLASSES:
+            duration_s = 0.0          # timed by the network model (collectives, offload traffic and host work)
         elif cache is None:
             duration_s = op_time_s(op, device, hits)
         else:
@@ -67,6 +67,9 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
     """
     tensors = workload.tensors
     program: list[Instruction] = [Alloc(workload.persistent, "model set-up")]
+    host = workload.host
+    if host is not None and host.persistent:
+        program.append(HostAlloc(host.persistent, "offload set-up"))
     first = timed_ops(workload.first_microbatch, tensors, device, 0)
     later = timed_ops(workload.later_microbatch, tensors, device, 0) if accumulation_steps > 1 else []
     step = timed_ops(workload.optimizer, tensors, device, 0)
@@ -79,16 +82,29 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
             program.append(Alloc(workload.microbatch_inputs, f"micro-batch {microbatch} inputs"))
             runs = first if microbatch == 0 else later
             if it == 0 and microbatch == 0 and workload.first_use:
-                program.extend(_with_first_use(runs, dict(workload.first_use)))
+                program.extend(_with_first_use(runs, first_use_by_name(workload.first_use)))
             else:
                 program.extend(_retag(runs, it))
             program.append(Free(workload.microbatch_inputs, f"micro-batch {microbatch} done"))
         if it == 0:
             program.append(Alloc(workload.optimizer_state_ids, "optimizer state (first step)"))
+            if host is not None and host.first_step:
+                program.append(HostAlloc(host.first_step, "host optimizer state (first step)"))
         program.extend(_retag(step, it))
         program.append(Free(workload.gradients, "zero_grad(set_to_none=True)"))
         program.append(Mark("iteration_end", it))
-    return Program(rank, device.name, stage, tensors, {COMPUTE: tuple(program)})
+    return Program(rank, device.name, stage, tensors, {COMPUTE: tuple(program)},
+                   host_tensors=host.tensors if host is not None else {})
+
+
+def first_use_by_name(first_use: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, tuple[int, ...]]:
+    """Lazily allocated tensor groups by the op name they wait for. Two groups can wait for ops of one name (a
+    stage of one fully recomputed layer: its first forward GEMM and the first GEMM of its backward, the
+    recomputed one, share a name): both are then allocated at the first op of that name, none dropped."""
+    merged: dict[str, tuple[int, ...]] = {}
+    for name, ids in first_use:
+        merged[name] = merged.get(name, ()) + tuple(ids)
+    return merged
 
 
 def _with_first_use(runs: list[Run], first_use: dict[str, tuple[int, ...]]) -> list[Instruction]:

@@ -38,15 +38,18 @@ from itertools import repeat
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
+from simulator.parallel.offload_lowering import lower_offload
 from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions
-from simulator.parallel.tp_overlap import Overlap, plan_overlaps, split_gemm
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Blocking, Collective, Free,
                                         Instruction, Mark, Period, Program, Recv, Run, Send, Signal,
                                         WaitFor, checked_collective, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
-from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, OPTIMIZER_STEP, Op, Tensor, moved_ids
+from simulator.parallel.tp_overlap import Overlap, plan_overlaps, split_gemm
+from simulator.workload.graph import (BLOCKING, COLLECTIVE, FORWARD, GEMM, OFFLOAD_CLASSES, ON_COMM_STREAM,
+                                      OPTIMIZER_STEP, OVERLAPPED, Op, Tensor, moved_ids)
+from simulator.workload.loss_scaler import skipped_step
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.stage import MicrobatchStage, StageSpec, StageWorkload, build_stage
 from simulator.workload.stage_reuse import relabel_layers
@@ -80,7 +83,8 @@ class _TimedOps:
         segments = []
         plain: list[tuple[Op, float]] = []
         for pair in pairs:
-            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP:
+            if pair[0].op_class == COLLECTIVE or pair[0].phase == OPTIMIZER_STEP or pair[0].op_class in OFFLOAD_CLASSES \
+                    or pair[0].placement == ON_COMM_STREAM:
                 segments.append((tuple(plain), pair))
                 plain = []
             else:
@@ -121,6 +125,9 @@ class _Streams:
     device: DeviceSpec | None = None                    # the rank's GPU (SMs a GEMM keeps beside communication)
     plans: dict[int, tuple] = field(default_factory=dict)    # id(timed ops) -> (them, their Overlaps)
     halves: dict[int, tuple] = field(default_factory=dict)   # id(op) -> (op, split_gemm's halves)
+    offload_last: dict[str, str] = field(default_factory=dict)   # offload stream -> its last transfer's done event
+    offload_done: dict[str, str] = field(default_factory=dict)   # offload transfer name -> its last post's done event
+    host_caps: dict[str, float] = field(default_factory=dict)    # host kernel -> bytes/s (offload HostState.caps)
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -145,6 +152,15 @@ class _Streams:
         _, group, comm, name, ready_label, done_label, kind, size_bytes, overlapped = lowered
         if group is None:
             self.compute.append(Run(op, duration_s, iteration, shift, low))
+            return
+        if kind is None:
+            # A kernel of the communication library on the group's stream, after what the compute stream did so far.
+            count = self.count
+            ready, done = f"{ready_label}#{count + 1}", f"{done_label}#{count + 2}"
+            self.count = count + 2
+            self.compute.append(signal(ready))
+            comm += [wait_for(ready), Run(op, duration_s, iteration, shift, low), signal(done)]
+            self.pending.append(done)
             return
         allocs, frees = op.allocs, op.frees
         if shift:
@@ -181,8 +197,8 @@ class _Streams:
             self.compute.append(wait_for(done))
 
     def _lower_collective(self, op: Op) -> tuple:
-        """(op, group or None when it is this rank alone, stream and its name, event labels, kind, size,
-        overlapped)."""
+        """(op, group or None when it is this rank alone, stream and its name, event labels, kind (None for a kernel
+        placed on the communication stream), size, overlapped)."""
         axis = op.group if op.group in ("tp", "dp") else "tp"
         group = self.groups.get(axis)
         if group is None:
@@ -191,7 +207,10 @@ class _Streams:
             return (op, None, None, "", "", "", "", 0.0, False)
         name = self.dp_stream if axis == "dp" else COMM_STREAM
         comm = self.stream(name)
-        overlapped = axis == "dp" and op.collective in ("all_reduce", "reduce_scatter")
+        if op.op_class != COLLECTIVE:      # placement ON_COMM_STREAM: `post` runs it on the stream, overlapped
+            return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", None, 0.0, True)
+        overlapped = axis == "dp" and (op.placement == OVERLAPPED or (
+            op.collective in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING))
         kind, size_bytes = op.collective or "all_reduce", float(op.comm_bytes)
         Collective(op.name, kind, group, size_bytes)     # validates what post's checked_collective copies
         return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", kind, size_bytes, overlapped)
@@ -290,7 +309,7 @@ class _Streams:
         unmoved, moved = [], []
         for index, (op, _) in enumerate(timed.pairs):
             if op.op_class != COLLECTIVE:
-                if op.phase == OPTIMIZER_STEP:
+                if op.phase == OPTIMIZER_STEP or op.op_class in OFFLOAD_CLASSES or op.placement == ON_COMM_STREAM:
                     return None
                 continue
             lowered = self.lowered.get(id(op))
@@ -317,7 +336,7 @@ class _Streams:
             if special is None:
                 continue
             op, duration_s = special
-            if op.op_class == COLLECTIVE:
+            if op.op_class == COLLECTIVE or op.placement == ON_COMM_STREAM:
                 self.post(op, duration_s, iteration, shift, low)
             else:
                 self.runs([Run(op, duration_s, iteration, shift, low)])
@@ -427,8 +446,10 @@ class _Streams:
     def runs(self, runs: list[Run]) -> None:
         """Append runs to the compute stream: collectives go to their stream, workspaces at first use."""
         for run in runs:
-            if run.op.op_class == COLLECTIVE:
+            if run.op.op_class == COLLECTIVE or run.op.placement == ON_COMM_STREAM:
                 self.collective(run)
+            elif run.op.op_class in OFFLOAD_CLASSES:
+                lower_offload(self, run, self.host_caps)
             else:
                 if run.op.phase == OPTIMIZER_STEP and (self.pending or self.deferred):
                     self.flush()
@@ -438,11 +459,11 @@ class _Streams:
                         self.compute.append(Alloc(ids, f"{run.op.name} (first use)"))
                 self.compute.append(run)
 
-    def program(self, device: DeviceSpec, stage: int, tensors) -> Program:
+    def program(self, device: DeviceSpec, stage: int, tensors, host_tensors: dict | None = None) -> Program:
         streams = {COMPUTE: tuple(self.compute)}
         for name in sorted(self.other):
             streams[name] = tuple(self.other[name])
-        return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies))
+        return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies), host_tensors or {})
 
 
 def _moves(ids: tuple[int, ...], low: int) -> int:
@@ -485,6 +506,8 @@ def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, 
         # micro-batch's forward.
         gathers = list({id(i.op): i for i in instructions if isinstance(i, Run) and _is_param_gather(i.op)}.values())
         instructions = [i for i in instructions if not (isinstance(i, Run) and _is_param_gather(i.op))]
+    if workload.host is not None:
+        streams.host_caps = dict(workload.host.caps)
     pending_runs: list[Run] = []
     for instruction in instructions:
         if isinstance(instruction, Run):
@@ -507,7 +530,7 @@ def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, 
         streams.compute.append(instruction)
     if pending_runs:
         streams.emit(pending_runs)
-    return streams.program(device, 0, workload.tensors)
+    return streams.program(device, 0, workload.tensors, single.host_tensors)
 
 
 def stage_specs(plan: ParallelPlan) -> dict[tuple[int, int], StageSpec]:
@@ -604,7 +627,11 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
     # backward GEMM the rank runs, whichever chunk that belongs to.
     first = mine[min(mine)]
     forward_names = {o.name for o in first.microbatches[0].forward}
-    streams.first_gemm = {name in forward_names: ids for name, ids in first.first_use}
+    # The forward handle's group comes first (training.workspace_first_use); a backward group whose first GEMM is a
+    # recomputed forward one has a forward op's name, so it is keyed by its order, not by its name.
+    for name, ids in first.first_use:
+        forward = name in forward_names and True not in streams.first_gemm
+        streams.first_gemm[forward] = streams.first_gemm.get(forward, ()) + tuple(ids)
     lowered = (schedule_steps if schedule_steps is not None else schedule_program(schedule))[stage]
     total = warmup_iterations + iterations
     for it in range(total):
@@ -819,7 +846,8 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
 def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan, schedule: Schedule,
                 device: DeviceSpec, warmup_iterations: int, iterations: int,
                 workload: IterationWorkload | None = None, full: bool = False,
-                overlap: OverlapOptions = NO_OVERLAP_CHANGE) -> tuple[list[Program], dict]:
+                overlap: OverlapOptions = NO_OVERLAP_CHANGE,
+                skipped_steps: bool = False) -> tuple[list[Program], dict]:
     """One Program per representative rank of `plan` (one per pipeline stage), or per rank with `full`.
 
     Args:
@@ -832,6 +860,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         full: lower every rank of the plan (no symmetry reduction); programs come in rank order, rank 0
             (stage 0's representative) first.
         overlap: which communication overlaps compute (parallel/overlap.py resolve_overlap).
+        skipped_steps: pp > 1: every stage's optimizer step is skipped (an fp16 overflow: only the loss scaler's
+            kernels run); with pp = 1 the caller passes such a `workload`.
 
     Returns:
         (programs, workloads): programs ordered by stage (by rank with `full`); workloads by stage (IterationWorkload for pp = 1,
@@ -851,6 +881,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO-2/3 with parallel.pp = {plan.pp} > 1 is not "
                         f"supported (DeepSpeed's PipelineEngine refuses it too; allowed with pp > 1: 0, 1)")
     workloads = build_stage_workloads(shape, recipe, profile, plan, schedule)
+    if skipped_steps:
+        workloads = {key: replace(w, optimizer=skipped_step(w.optimizer)) for key, w in workloads.items()}
     schedule_steps = schedule_program(schedule)
     cache: dict[tuple, float] = {}
     if not full:

@@ -10,6 +10,7 @@ from simulator.errors import PlanError
 from simulator.workload.graph import Op, Tensor, moved_ids
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
+TRANSFER_ROUTES = ("d2h", "h2d", "nvme_read", "nvme_write", "host")
 COMM_STREAM = "comm"          # collectives (DDP buckets, ZeRO, TP when overlapped)
 SEND_STREAM = "pp_send"       # pipeline sends
 RECV_STREAM = "pp_recv"       # pipeline receives
@@ -174,6 +175,54 @@ class Recv:
         _check_size("recv", self.name, self.size_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Offload traffic of this rank, a flow set on the shared network: `size_bytes` over `route`.
+
+    Routes: "d2h" (the rank's GPU to its host memory, over PCIe), "h2d" (back), "nvme_write" (host memory to the
+    node's drives, striped evenly over them), "nvme_read" (back), "host" (CPU work on the host, as `size_bytes` of
+    DRAM traffic from the CPU to its memory at most `cap_bytes_per_s`: the CPU's own rate). `allocs` (device
+    tensors) and `host_allocs` (Program.host_tensors) are allocated when it starts, `frees` and `host_frees`
+    freed when it ends (network/host.py says where a GPU's host side is).
+    """
+
+    name: str
+    route: str
+    size_bytes: float
+    cap_bytes_per_s: float | None = None
+    allocs: tuple[int, ...] = ()
+    frees: tuple[int, ...] = ()
+    host_allocs: tuple[int, ...] = ()
+    host_frees: tuple[int, ...] = ()
+    iteration: int = 0
+
+    def __post_init__(self) -> None:
+        if self.route not in TRANSFER_ROUTES:
+            raise PlanError(f"transfer {self.name!r}: route = {self.route!r} must be one of "
+                            f"{', '.join(TRANSFER_ROUTES)}")
+        _check_size("transfer", self.name, self.size_bytes)
+        cap = self.cap_bytes_per_s
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0
+                                or not math.isfinite(cap)):
+            raise PlanError(f"transfer {self.name!r}: cap_bytes_per_s = {cap!r} must be a positive rate or None")
+
+
+@dataclass(frozen=True, slots=True)
+class HostAlloc:
+    """Allocate host tensors (Program.host_tensors) outside any transfer: offload state at set-up."""
+
+    tensors: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostFree:
+    """Free host tensors outside any transfer."""
+
+    tensors: tuple[int, ...]
+    reason: str
+
+
 # Constructors for the lowering's hot path: the same values as Signal(e), WaitFor(e) and Collective(...), built
 # without the frozen dataclasses' per-field object.__setattr__ (3-4x cheaper; a cluster-scale lowering makes
 # millions). `checked_collective` skips Collective's validation: only for fields an earlier Collective checked.
@@ -231,7 +280,8 @@ class Blocking(NamedTuple):
     stream: str
 
 
-Instruction = Run | Alloc | Free | Signal | WaitFor | Mark | Period | Collective | Send | Recv | Blocking
+Instruction = (Run | Alloc | Free | Signal | WaitFor | Mark | Period | Collective | Send | Recv | Blocking | Transfer
+               | HostAlloc | HostFree)
 
 
 def posted_collectives(streams: dict[str, tuple | list], stream: str) -> list[Collective]:
@@ -261,3 +311,6 @@ class Program:
     # the shift (engine/stretches.py matches a stretch by them; engine/rank_state.py skips them, as they hold no
     # Signal, WaitFor or Period).
     copies: tuple[tuple, ...] = ()
+    # Tensors in host memory (offload), by id (disjoint from `tensors`' ids): what HostAlloc, HostFree and a
+    # Transfer's host_allocs / host_frees name. Their bytes count against the host's memory, not the device's.
+    host_tensors: dict = field(default_factory=dict)

@@ -94,8 +94,6 @@ def calibration_band(report: dict, scenario, calibration, device, trace, window:
     return {"interval_s": [max(0.0, base + fast), base + slow], "kind": "calibration-bootstrap", "source": source}
 
 
-
-
 def iteration_interval(report: dict, scenario, cluster, trace) -> dict:
     """The report keys `iteration_time_interval_s` ([low, high] seconds, or None) and `iteration_time_interval`
     (kind and source): the calibration's bootstrap when the cluster has a calibration, else the validation set."""

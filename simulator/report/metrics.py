@@ -47,6 +47,31 @@ def span_sums(spans, start_s: float, end_s: float) -> tuple[dict[str, float], fl
     return phase_time, compute
 
 
+def measured_window(trace, warmup: int) -> tuple[float, float, float]:
+    """(start, end, mean iteration seconds) of a trace's measured iterations (all, when none is past warm-up)."""
+    if not trace.iteration_bounds_s:
+        return 0.0, 0.0, 0.0
+    measured = trace.iteration_bounds_s[warmup:] or trace.iteration_bounds_s
+    start, end = measured[0][0], measured[-1][1]
+    return start, end, (end - start) / len(measured)
+
+
+def blend_skipped_steps(report: dict, skipped_iteration_s: float, fraction: float) -> dict:
+    """`report` with its iteration time the average over stepping and skipped iterations (training.
+    skipped_steps_fraction = `fraction` of them skip the optimizer step): (1 - f) t_step + f t_skip; tokens/s and
+    MFU follow it; the time breakdown, bubble and communication stay those of an iteration that steps.
+    `loss_scaler` gives both times."""
+    stepping = report["iteration_time_s"]
+    blended = (1.0 - fraction) * stepping + fraction * skipped_iteration_s
+    ratio = stepping / blended if blended > 0 else 0.0
+    report["loss_scaler"] = {"skipped_steps_fraction": fraction, "step_iteration_time_s": stepping,
+                             "skipped_iteration_time_s": skipped_iteration_s}
+    report["iteration_time_s"] = blended
+    report["tokens_per_s"] *= ratio
+    report["mfu"] *= ratio
+    return report
+
+
 def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     """The DESIGN.md report (plus extra keys) for a single-rank simulation."""
     rank_trace = trace.ranks[0]
@@ -56,13 +81,7 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     oom = rank_trace.oom
     workload.meta["accumulation_steps"] = recipe.accumulation_steps
     flops = model_flops(workload)
-    if trace.iteration_bounds_s:
-        measured = trace.iteration_bounds_s[warmup:] or trace.iteration_bounds_s
-        start, end = measured[0][0], measured[-1][1]
-        iteration_time = (end - start) / len(measured)
-    else:
-        start = end = 0.0
-        iteration_time = 0.0
+    start, end, iteration_time = measured_window(trace, warmup)
     phase_time, compute = span_sums(rank_trace.spans, start, end)
     iterations = max(1, len(trace.iteration_bounds_s) - warmup)
     for key in phase_time:
@@ -74,8 +93,12 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         comm_total, comm_exposed = communication.between(start, end)
         comm_total /= iterations
         comm_exposed /= iterations
-    # Idle: neither computing nor waiting on communication that compute does not hide (pipeline bubbles).
-    idle = max(0.0, iteration_time - compute - comm_exposed)
+    offload_traffic = host_compute = offload_exposed = 0.0
+    if communication is not None and end > start:
+        offload_traffic, host_compute, offload_exposed = (value / iterations for value in
+                                                          communication.offload_between(start, end))
+    # Idle: neither computing nor waiting on communication or offload that compute does not hide (pipeline bubbles).
+    idle = max(0.0, iteration_time - compute - comm_exposed - offload_exposed)
     tokens = recipe.micro_batch_size * recipe.accumulation_steps * scenario.parallel.dp * scenario.model.seq_length
     tokens_per_s = tokens / iteration_time if iteration_time > 0 else 0.0
     peak = peak_flop_rate(device, scenario.training.precision)
@@ -85,12 +108,25 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
     if oom is not None:
         warnings.append(f"out of memory in {oom.op} allocating {oom.tensor} ({oom.requested_bytes} bytes); "
                         f"the run continued without a limit, so the peaks show what the job needs")
+        fraction = getattr(scenario.allocator, "memory_fraction", 1.0)
+        if fraction < 1.0:
+            warnings.append(f"allocator.memory_fraction = {fraction!r} caps the caching allocator at "
+                            f"{cluster.allocator_capacity_bytes} bytes of {device.memory_bytes} "
+                            f"(torch.cuda.set_per_process_memory_fraction); the rest of the card stays unused")
     elif reserved_total > 0.95 * device.memory_bytes:
         warnings.append("peak reserved memory is within 5% of the device capacity")
-    if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
+    dts = workload.meta.get("dtypes")
+    if scenario.model.share_layers and scenario.training.recompute != "none" and getattr(dts, "autocast", None):
+        warnings.append("model.share_layers with autocast and training.recompute: torch casts the shared weights "
+                        "again in every recomputed layer (each with its own backward); memsim replays one cast, "
+                        "and under-predicts (-2.2% on a measured LLaMA case, docs/validation.md)")
+    if scenario.parallel.zero_stage and scenario.parallel.dp == 1 and not recipe.offload:
         warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
-    if scenario.parallel.gradient_compression != "none" and scenario.parallel.dp == 1:
-        warnings.append("parallel.gradient_compression has no effect with dp = 1 (no gradient traffic)")
+    if scenario.parallel.prefetch_bucket_size != 50_000_000 and scenario.parallel.offload_params == "none":
+        warnings.append("parallel.prefetch_bucket_size has no effect without parallel.offload_params (it times the "
+                        "fetches of offloaded parameters)")
+    if scenario.cluster.host_memory is not None and not recipe.offload:
+        warnings.append("cluster.host_memory has no effect without offload (nothing is kept in host memory)")
     rank = {
         "rank": 0, "stage": 0, "device": device.name,
         "peak_allocated_bytes": int(rank_trace.peak_allocated),
@@ -102,6 +138,8 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "category_peaks": {c: int(rank_trace.category_peaks.get(c, 0)) for c in CATEGORIES},
         "peak_op": rank_trace.peak_op,
         "compute_s": compute, "exposed_communication_s": comm_exposed, "idle_s": idle,
+        "exposed_offload_s": offload_exposed,
+        "host_peak_bytes": 0, "host_pinned_bytes": 0, "nvme_peak_bytes": 0, "host_capacity_bytes": None,
     }
     return {
         "scenario": scenario.name,
@@ -120,7 +158,11 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "allocator": cluster.allocator_kind,
         "model": {"name": scenario.model.preset or scenario.model.architecture,
                   "parameters": int(workload.parameter_count)},
-        "time_breakdown": {**phase_time, "exposed_communication_s": comm_exposed, "idle_s": idle},
+        "time_breakdown": {**phase_time, "exposed_communication_s": comm_exposed, "idle_s": idle,
+                           "offload_traffic_s": offload_traffic, "host_compute_s": host_compute,
+                           "exposed_offload_s": offload_exposed},
+        "offload": None,
+        "host_memory": [],
         "oom": None if oom is None else {
             "op": oom.op, "tensor": oom.tensor, "requested_bytes": oom.requested_bytes,
             "allocated_bytes": oom.allocated_bytes, "reserved_bytes": oom.reserved_bytes,
@@ -145,12 +187,13 @@ def _ops(microbatch) -> tuple:
     return microbatch.forward + microbatch.backward + microbatch.weight
 
 
-def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace) -> dict:
+def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace, offload=None) -> dict:
     """The DESIGN.md report for a multi-rank simulation: one representative rank per pipeline stage.
 
     `bubble_fraction` is the idle share of the busiest stage (the most compute); `communication` and
     the model FLOPs (summed over stages, times tp × dp: the whole job's) come from the stage reports;
-    MFU is over all dp × tp × pp GPUs.
+    MFU is over all dp × tp × pp GPUs. `offload`: report.offload.OffloadSummary of an offloading run (host
+    memory per rank and node, bytes per route), whose host memory must fit too.
     """
     import copy
 
@@ -202,4 +245,6 @@ def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, tra
     from simulator.workload.transformer import model_parameter_count
 
     head["model"] = dict(head["model"], parameters=model_parameter_count(model_shape(scenario, padded=False)))
+    if offload is not None:
+        offload.fill(head, scenario)
     return head

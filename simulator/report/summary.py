@@ -23,8 +23,10 @@ _TIME_ROWS = (
     ("recompute_s", "recompute"),
     ("optimizer_s", "optimizer"),
     ("exposed_communication_s", "exposed communication"),
+    ("exposed_offload_s", "exposed offload"),
     ("idle_s", "idle / bubble"),
 )
+_WAITING = ("exposed communication", "exposed offload", "idle / bubble")
 
 
 def _number(value: object) -> float | None:
@@ -96,6 +98,9 @@ def _verdict(report: dict, console: Console) -> None:
         where = ""
         if oom_ranks:
             where = f" (out of memory on rank {', '.join(str(r) for r in oom_ranks)})"
+        hosts = [str(n.get("node")) for n in report.get("host_memory") or [] if not n.get("fits", True)]
+        if hosts:
+            where += f" (host memory of node {', '.join(hosts)})"
         console.print(Text(f"✘ DOES NOT FIT{where}", style="bold red"))
 
 
@@ -167,8 +172,8 @@ def _breakdown(report: dict, console: Console) -> None:
 
 def _performance(report: dict, console: Console) -> None:
     title = "Performance"
-    if not report.get("fits", True):
-        title += " (of the run up to the failure)"
+    if not report.get("fits", True) and not any(not n.get("fits", True) for n in report.get("host_memory") or []):
+        title += " (of the run up to the failure)"   # a host that is too small fails nothing while it runs
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
@@ -193,6 +198,27 @@ def _performance(report: dict, console: Console) -> None:
         table.add_row("communication (total / exposed)",
                       f"{_seconds(communication.get('total_s'))} / "
                       f"{_seconds(communication.get('exposed_s'))}")
+    offload = report.get("offload") or {}
+    if offload:
+        table.add_row("offload traffic / host compute / exposed",
+                      f"{_seconds(offload.get('traffic_s'))} / {_seconds(offload.get('host_compute_s'))} / "
+                      f"{_seconds(offload.get('exposed_s'))}")
+    console.print(table)
+
+
+def _host_memory(report: dict, console: Console) -> None:
+    nodes = report.get("host_memory") or []
+    if not nodes:
+        return
+    table = Table(title="Host memory per node (offload)", title_justify="left", header_style="bold")
+    for name, justify in (("node", "right"), ("ranks", "right"), ("peak", "right"), ("capacity", "right"),
+                          ("used", "right")):
+        table.add_column(name, justify=justify)
+    for node in nodes:
+        style = "red" if not node.get("fits", True) else None
+        table.add_row(str(node.get("node")), str(node.get("ranks")), _bytes(node.get("peak_bytes")),
+                      _bytes(node.get("capacity_bytes")), _percent(node.get("peak_bytes"), node.get("capacity_bytes")),
+                      style=style)
     console.print(table)
 
 
@@ -209,7 +235,7 @@ def _time_breakdown(report: dict, console: Console) -> None:
     table.add_column("", justify="left")
     for label, value in values:
         share = value / total if total > 0 else 0.0
-        style = "yellow" if label in ("exposed communication", "idle / bubble") else "green"
+        style = "yellow" if label in _WAITING else "green"
         table.add_row(label, format_seconds(value), f"{100 * share:.1f}%",
                       Text("█" * int(round(share * _BAR_WIDTH)), style=style))
     console.print(table)
@@ -274,6 +300,7 @@ def render_summary(report: dict, console: Console) -> None:
     _header(report, console)
     _verdict(report, console)
     _rank_table(report, console)
+    _host_memory(report, console)
     _oom(report, console)
     _breakdown(report, console)
     _performance(report, console)

@@ -13,7 +13,7 @@ from simulator.scenario.hf_config import model_config_from_hf
 from simulator.scenario.presets import ALIASES, PRESETS, canonical_preset_name, list_presets, preset_values
 from simulator.scenario.schema import (
     ARCH_DEFAULTS, ARCH_ONLY_KEYS, SECTIONS, AllocatorConfig, ClusterConfig, Invalid, ModelConfig,
-    ParallelConfig, RunConfig, Scenario, TrainingConfig, did_you_mean, key_names, key_spec, short_repr,
+    ParallelConfig, RunConfig, Scenario, SweepConfig, TrainingConfig, did_you_mean, key_names, key_spec, short_repr,
 )
 
 
@@ -74,16 +74,53 @@ def parse_override_value(text: str) -> object:
         return stripped
 
 
+def _known_key_paths() -> list[str]:
+    known = [f"{section}.{key}" for section in SECTIONS for key in key_names(section)]
+    return known + [key for key in key_names(None) if key not in SECTIONS]
+
+
 def _override_target(item: str, key_path: str, source: str) -> tuple[str | None, str]:
     parts = [part.strip() for part in key_path.split(".")]
-    known = [f"{section}.{key}" for section in SECTIONS for key in key_names(section)]
-    known += [key for key in key_names(None) if key not in SECTIONS]
     if len(parts) == 1 and parts[0] in key_names(None) and parts[0] not in SECTIONS:
         return None, parts[0]
     if len(parts) == 2 and parts[0] in SECTIONS and parts[1] in key_names(parts[0]):
         return parts[0], parts[1]
-    hint = did_you_mean(key_path.strip(), known) or " (expected section.key, e.g. parallel.tp)"
+    hint = did_you_mean(key_path.strip(), _known_key_paths()) or " (expected section.key, e.g. parallel.tp)"
     raise ScenarioError(_one_line(f"{source}: --set {short_repr(item)}: unknown key path {key_path.strip()!r}{hint}"))
+
+
+def grid_axis(key_path: str, values: Sequence, source: str, where: str) -> tuple[str, tuple]:
+    """Check one sweep axis: a section.key a scenario has (not in [sweep]) and values that key accepts.
+
+    Args:
+        key_path: "section.key", e.g. "parallel.tp".
+        values: the axis's values as TOML values (4, "dgx-a100", true).
+        source: the scenario file, shown first in messages.
+        where: what the user wrote, shown second ("--grid parallel.tp=1,2" or "sweep.grid").
+
+    Returns:
+        (key_path, values) with surrounding spaces removed from the key path.
+
+    Raises:
+        ScenarioError: `<source>: <where>: <key path> = <value>: <what is allowed>`.
+    """
+    path = key_path.strip()
+    section, _, key = path.partition(".")
+    if section not in SECTIONS or section == "sweep" or key not in key_names(section):
+        sweepable = [known for known in _known_key_paths() if "." in known and not known.startswith("sweep.")]
+        hint = did_you_mean(path, sweepable) or " (expected section.key, e.g. parallel.tp)"
+        raise ScenarioError(_one_line(f"{source}: {where}: unknown key path {path!r}{hint}"))
+    if not values:
+        raise ScenarioError(f"{source}: {where}: {path} has no values (give them as {path}=A,B,...)")
+    spec = key_spec(section, key)
+    for position, value in enumerate(values):
+        try:
+            spec.parse(value)
+        except Invalid as exc:
+            raise ScenarioError(_one_line(f"{source}: {where}: {path} = {short_repr(value)}: {exc}")) from None
+        if any(type(earlier) is type(value) and earlier == value for earlier in values[:position]):
+            raise ScenarioError(_one_line(f"{source}: {where}: {path} = {short_repr(value)} is given twice"))
+    return path, tuple(values)
 
 
 def apply_overrides(doc: Mapping, overrides: Sequence[str], source: str = "<dict>") -> dict:
@@ -160,9 +197,11 @@ def scenario_from_dict(doc: dict, source: str = "<dict>", overrides: Sequence[st
     cluster = _resolve_cluster(tables["cluster"], ctx)
     allocator = AllocatorConfig(**_with_defaults(_parse_table(tables["allocator"], "allocator", ctx), "allocator"))
     run = RunConfig(**_with_defaults(_parse_table(tables["run"], "run", ctx), "run"))
+    sweep = _resolve_sweep(tables["sweep"], ctx)
     name = top.get("name", _default_name(source))
     return Scenario(name=name, source=source, model=model, training=training, parallel=parallel,
-                    cluster=cluster, allocator=allocator, run=run, description=top.get("description", ""))
+                    cluster=cluster, allocator=allocator, run=run, description=top.get("description", ""),
+                    sweep=sweep)
 
 
 def _default_name(source: str) -> str:
@@ -256,6 +295,19 @@ def _resolve_cluster(table: Mapping, ctx: _Context) -> ClusterConfig:
     return ClusterConfig(**values)
 
 
+def _resolve_sweep(table: Mapping, ctx: _Context) -> SweepConfig:
+    values = _with_defaults(_parse_table(table, "sweep", ctx), "sweep")
+    axes = [grid_axis(path, axis, ctx.source, "sweep.grid") for path, axis in values["grid"]]
+    paths = [path for path, _ in axes]
+    for position, path in enumerate(paths):
+        if path in paths[:position]:
+            raise ScenarioError(f"{ctx.source}: sweep.grid: {path} is given twice")
+    values["grid"] = tuple(axes)
+    if values["prices"] is not None:
+        values["prices"] = _resolve_path(values["prices"], ctx)
+    return SweepConfig(**values)
+
+
 def resolve_model_config(values: Mapping, source: str = "<dict>") -> ModelConfig:
     """Resolve a [model] table (preset / hf_config first, explicit keys override, then defaults).
 
@@ -345,6 +397,14 @@ def _resolve_model(table: Mapping, ctx: _Context) -> ModelConfig:
         raise fail("hidden_size", f"must be divisible by model.num_attention_heads = {values['num_attention_heads']}")
     if values["num_attention_heads"] % values["num_kv_heads"]:
         raise fail("num_kv_heads", f"must divide model.num_attention_heads = {values['num_attention_heads']}")
+    if values["attention"] == "linformer" and arch not in ("bert", "vit"):
+        raise fail("attention", f"'linformer' projects keys and values along the whole sequence, so it has no "
+                                f"causal form: allowed with architecture bert or vit (is {arch!r})")
+    if values["attention"] != "linformer" and values.get("linformer_k") is not None:
+        raise fail("linformer_k", "applies only to model.attention = 'linformer'")
+    if values["attention"] == "linformer" and values.get("linformer_k") is None:
+        raise ScenarioError(f"{src}: model.linformer_k is missing: model.attention = 'linformer' needs the "
+                            f"projected length (an integer below the sequence length)")
     if arch == "vit":
         _resolve_vit_lengths(values, explicit, fail)
     else:
@@ -352,6 +412,9 @@ def _resolve_model(table: Mapping, ctx: _Context) -> ModelConfig:
         if arch in ("gpt", "bert") and values["seq_length"] > values["max_position_embeddings"]:
             raise fail("seq_length", f"must be at most model.max_position_embeddings = "
                        f"{values['max_position_embeddings']} ({arch} has learned positions)")
+    if values.get("linformer_k") is not None and values["linformer_k"] >= values["seq_length"]:
+        raise fail("linformer_k", f"must be less than the sequence length = {values['seq_length']} (else nothing "
+                                  f"is compressed)")
     return ModelConfig(**values)
 
 
@@ -382,7 +445,7 @@ _INTRO = """# Scenario file reference
      python -c "from simulator.scenario.loader import reference_markdown as r; print(r(), end='')" >FILE -->
 
 A scenario is a TOML file with a top-level `name` and the sections `[model] [training] [parallel]
-[cluster] [allocator] [run]`. Only `[model]` is required; every other key has the default below.
+[cluster] [allocator] [run]` (and `[sweep]` for `memsim sweep` / `compare`). Only `[model]` is required; every other key has the default below.
 Unknown keys are errors with a "did you mean" hint. Sizes accept a number of bytes or a string with a
 unit (`"25 MB"`, `"2 GiB"`). Relative paths (`model.hf_config`, `parallel.schedule` files,
 `cluster.topology` files, `cluster.calibration`) are relative to the scenario file's folder.
@@ -410,6 +473,11 @@ _CROSS_NOTES = {
     "parallel": ("Checks here: `tp` divides `model.num_attention_heads` and `model.num_kv_heads`; `pp <= "
                  "model.num_layers`; `virtual_stages` > 1 divides `model.num_layers / pp`. Whether the engine "
                  "supports a plan (and whether the cluster has `tp * pp * dp` devices) is checked elsewhere.\n"),
+    "sweep": ("`memsim run` checks this table and otherwise ignores it; `memsim sweep` and `memsim compare` read it "
+              "(their options override it). Axes are written like `--grid` items: `[sweep.grid]` then "
+              "`parallel.tp = [1, 2, 4]` and `cluster.topology = [\"dgx-a100\", \"dgx-h100\"]`. Each key path must be "
+              "a scenario key and each value one its key accepts; cross-key rules (tp divides the heads, the plan "
+              "fills the cluster) are checked per point, and a point that breaks one is listed with the reason.\n"),
 }
 
 _HF_NOTES = """

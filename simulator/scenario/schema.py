@@ -2,38 +2,33 @@
 
 from __future__ import annotations
 
-import difflib
-import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from simulator import units
+from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables use, and names callers import from here
+    SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
+    fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
+    gradient_compression, loss_scale, schedule_name, is_schedule_file, topology_name, topology_is_path,
+    max_split_size, roundup_power2_divisions, context_bytes, host_memory_size, auto_or_bool,
+)
 
 ARCHITECTURES = ("gpt", "llama", "bert", "vit")
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
-ATTENTIONS = ("flash", "eager")
+ATTENTIONS = ("flash", "eager", "linformer")
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp8-mixed")
 FRAMEWORKS = ("torch", "megatron", "deepspeed")
 OPTIMIZERS = ("adamw", "adam-8bit", "sgd", "sgd-momentum", "adafactor")
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "foreach", "single-tensor", "fused")
 ACTIVATION_COMPRESSIONS = ("none", "int8")
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
+COMPRESSION_STAGES = ("compressed", "warmup")
+SPARSITIES = ("none", "2:4")
 ALLOCATOR_KINDS = ("caching", "exact", "auto")
-SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run")
-MAX_INT = 2**63 - 1  # largest count or size accepted (int64, what numpy and torch can hold)
-MIN_MAX_SPLIT_SIZE_BYTES = 20 * 2**20  # kLargeBuffer: torch rejects a smaller max_split_size_mb
+PRICINGS = ("rent", "own")
+SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run", "sweep")
 
-
-def short_repr(value: object) -> str:
-    """repr() for error messages: at most 120 characters, safe for ints too long to print."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int too long for str() (sys.int_info.default_max_str_digits)
-        text = f"<{type(value).__name__} too large to print>"
-    return text if len(text) <= 120 else text[:117] + "..."
 
 # Architecture-style defaults (HF GPT-2 / LLaMA-2 / BERT / ViT configurations).
 ARCH_DEFAULTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
@@ -54,244 +49,6 @@ ARCH_ONLY_KEYS: Mapping[str, str] = MappingProxyType({
     "rope_theta": "llama", "type_vocab_size": "bert", "image_size": "vit", "patch_size": "vit",
     "num_channels": "vit", "num_classes": "vit",
 })
-
-
-class Invalid(ValueError):
-    """A value breaks its key's rule; the message says what is allowed (the loader adds file and key)."""
-
-
-def did_you_mean(word: object, options: tuple[str, ...] | list[str]) -> str:
-    """A "; did you mean 'x'?" hint for the closest option to `word`, or "" when none is close."""
-    if not isinstance(word, str):
-        return ""
-    lowered = {option.lower(): option for option in options}
-    word = word.lower()
-    matches = difflib.get_close_matches(word, list(lowered), n=1, cutoff=0.6)
-    if not matches and len(word) >= 3:
-        matches = [option for option in lowered if option.startswith(word)][:1]
-    return f"; did you mean {lowered[matches[0]]!r}?" if matches else ""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def int_at_least(minimum: int) -> Callable[[object], int]:
-    """Parser for an integer from `minimum` to MAX_INT (booleans and floats are rejected)."""
-    def parse(value: object) -> int:
-        if not _is_int(value) or value < minimum:
-            raise Invalid("must be a positive integer" if minimum == 1 else f"must be an integer >= {minimum}")
-        if value > MAX_INT:
-            raise Invalid(f"must be at most 2**63 - 1 = {MAX_INT}")
-        return value
-    return parse
-
-
-def int_between(low: int, high: int) -> Callable[[object], int]:
-    """Parser for an integer in low..high inclusive."""
-    def parse(value: object) -> int:
-        if not _is_int(value) or not low <= value <= high:
-            raise Invalid(f"must be an integer from {low} to {high}")
-        return value
-    return parse
-
-
-def to_float(value: object) -> float:
-    """A finite float from an int or float (bools, strings, NaN, infinities and huge ints rejected)."""
-    if _is_int(value) and abs(value) < 2**1000:
-        return float(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return value
-    raise Invalid("must be a finite number")
-
-
-def positive_float(value: object) -> float:
-    """Parser for a finite number > 0."""
-    number = to_float(value)
-    if number <= 0:
-        raise Invalid("must be a number > 0")
-    return number
-
-
-def dropout_probability(value: object) -> float:
-    """Parser for a probability in [0, 1)."""
-    number = to_float(value)
-    if not 0.0 <= number < 1.0:
-        raise Invalid("must be a number in [0, 1)")
-    return number
-
-
-def boolean(value: object) -> bool:
-    """Parser for true/false (no 0/1, no strings)."""
-    if not isinstance(value, bool):
-        raise Invalid("must be true or false")
-    return value
-
-
-def choice(options: tuple[str, ...]) -> Callable[[object], str]:
-    """Parser for one of `options` (exact spelling), with a did-you-mean hint."""
-    def parse(value: object) -> str:
-        if isinstance(value, str) and value in options:
-            return value
-        raise Invalid(f"must be one of {', '.join(options)}{did_you_mean(value, options)}")
-    return parse
-
-
-def text(value: object) -> str:
-    """Parser for a non-empty string without NUL characters."""
-    if not isinstance(value, str) or not value.strip() or "\0" in value:
-        raise Invalid("must be a non-empty string")
-    return value
-
-
-def string(value: object) -> str:
-    """Parser for any string (possibly empty)."""
-    if not isinstance(value, str):
-        raise Invalid("must be a string")
-    return value
-
-
-def optional_path(value: object) -> str | None:
-    """Parser for a path string, or "none" for no file."""
-    if isinstance(value, str) and value.strip().lower() == "none":
-        return None
-    try:
-        return text(value)
-    except Invalid:
-        raise Invalid('must be a path string or "none"') from None
-
-
-def size_bytes(value: object, minimum: int = 0) -> int:
-    """Parser for a size: bytes as a number or a string with a unit ("25 MB", "2 GiB")."""
-    try:
-        parsed = units.parse_bytes(value)
-    except (ValueError, OverflowError, TypeError) as exc:
-        raise Invalid(f"must be a size: bytes as a number or a string like '25 MB' ({exc})") from None
-    if not minimum <= parsed <= MAX_INT:
-        raise Invalid(f"must be a size from {minimum} to {MAX_INT} bytes")
-    return parsed
-
-
-def _count(text: str) -> int | None:
-    """The integer written in `text` (ASCII digits only), or None."""
-    text = text.strip()
-    if not text.isascii() or not text.isdigit() or len(text) > 18:
-        return None
-    return int(text)
-
-
-def recompute_mode(value: object) -> str:
-    """Parser for none | selective | full | "segments:N" (N >= 1), normalised."""
-    if isinstance(value, str):
-        if value in ("none", "selective", "full"):
-            return value
-        head, sep, count = value.partition(":")
-        segments = _count(count)
-        if sep and head.strip() == "segments" and segments is not None and segments >= 1:
-            return f"segments:{segments}"
-    modes = ("none", "selective", "full", "segments")
-    head = value.partition(":")[0].strip() if isinstance(value, str) else value
-    hint = "" if head in modes else did_you_mean(head, modes)
-    raise Invalid(f'must be none, selective, full or "segments:N" with N >= 1{hint}')
-
-
-def gradient_compression(value: object) -> str:
-    """Parser for none | 1bit | int8 | "topk:F" (0 < F < 1) | "powersgd:R" (R >= 1), normalised."""
-    if isinstance(value, str):
-        if value in ("none", "1bit", "int8"):
-            return value
-        head, sep, arg = value.partition(":")
-        head, arg = head.strip(), arg.strip()
-        if sep and head == "topk":
-            try:
-                fraction = float(arg)
-            except ValueError:
-                fraction = math.nan
-            if 0.0 < fraction < 1.0:
-                return f"topk:{fraction!r}"
-        rank = _count(arg)
-        if sep and head == "powersgd" and rank is not None and rank >= 1:
-            return f"powersgd:{rank}"
-    kinds = ("none", "1bit", "int8", "topk", "powersgd")
-    head = value.partition(":")[0].strip() if isinstance(value, str) else value
-    hint = "" if head in kinds else did_you_mean(head, kinds)
-    raise Invalid(f'must be none, 1bit, int8, "topk:F" with 0 < F < 1 or "powersgd:R" with R >= 1{hint}')
-
-
-def loss_scale(value: object) -> str | float:
-    """Parser for "dynamic" or a static loss scale > 0."""
-    if value == "dynamic" and isinstance(value, str):
-        return value
-    try:
-        return positive_float(value)
-    except Invalid:
-        raise Invalid('must be "dynamic" or a number > 0') from None
-
-
-def _looks_like_path(value: str) -> bool:
-    return "/" in value or "\\" in value or "." in value
-
-
-def schedule_name(value: object) -> str:
-    """Parser for a schedule name or a path to an action file (anything with '/', '\\' or '.')."""
-    if isinstance(value, str) and (value in SCHEDULES or (_looks_like_path(value) and "\0" not in value)):
-        return value
-    raise Invalid(f"must be one of {', '.join(SCHEDULES)} or a path to an action file"
-                  f"{did_you_mean(value, SCHEDULES)}")
-
-
-def is_schedule_file(schedule: str) -> bool:
-    """Whether a parsed `parallel.schedule` names a file rather than a built-in schedule."""
-    return schedule not in SCHEDULES
-
-
-def topology_name(value: object) -> str:
-    """Parser for a topology name from topologies/ or a path to a topology file."""
-    try:
-        return text(value)
-    except Invalid:
-        raise Invalid("must be a topology name (e.g. dgx-a100) or a path to a topology TOML file") from None
-
-
-def topology_is_path(topology: str) -> bool:
-    """Whether a parsed `cluster.topology` is a file path rather than a name."""
-    return "/" in topology or "\\" in topology or topology.endswith(".toml")
-
-
-def max_split_size(value: object) -> int | None:
-    """Parser for "unlimited" (None) or a size >= 20 MiB."""
-    if isinstance(value, str) and value.strip().lower() == "unlimited":
-        return None
-    try:
-        return size_bytes(value, MIN_MAX_SPLIT_SIZE_BYTES)
-    except Invalid:
-        raise Invalid(f'must be "unlimited" or a size >= 20 MiB ({MIN_MAX_SPLIT_SIZE_BYTES} bytes)') from None
-
-
-def roundup_power2_divisions(value: object) -> int | None:
-    """Parser for "none" (None) or a power of two from 1 to 16."""
-    if isinstance(value, str) and value.strip().lower() == "none":
-        return None
-    if _is_int(value) and value in (1, 2, 4, 8, 16):
-        return value
-    raise Invalid('must be "none" or a power of two from 1 to 16')
-
-
-def auto_or_bool(value: object) -> str | bool:
-    """Parser for "auto" (the framework's default, resolved by parallel/overlap.py) or true / false."""
-    if isinstance(value, bool) or value == "auto":
-        return value
-    raise Invalid('must be "auto", true or false')
-
-
-def context_bytes(value: object) -> int | None:
-    """Parser for "auto" (None: the device's default) or a size."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return None
-    try:
-        return size_bytes(value)
-    except Invalid:
-        raise Invalid('must be "auto" or a size >= 0 (bytes or a string like "500 MiB")') from None
 
 
 @dataclass(frozen=True)
@@ -315,6 +72,34 @@ def toml_text(value: object) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     return repr(value)
+
+
+def optional_positive(value: object) -> float | None:
+    """Parser for "none" (None) or a finite number > 0."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    try:
+        return positive_float(value)
+    except Invalid:
+        raise Invalid('must be a number > 0 or "none"') from None
+
+
+def grid_table(value: object) -> tuple[tuple[str, tuple], ...]:
+    """Parser for [sweep] grid: section.key = [values] (dotted keys or nested tables), in document order.
+
+    Only the shape is checked here; the loader checks each key path and each value against its key's parser.
+    """
+    if not isinstance(value, Mapping):
+        raise Invalid('must be a table of section.key = [values], e.g. [sweep.grid] parallel.tp = [1, 2]')
+    axes: list[tuple[str, tuple]] = []
+    for head, body in value.items():
+        items = body.items() if isinstance(body, Mapping) else [(None, body)]
+        for key, values in items:
+            path = str(head) if key is None else f"{head}.{key}"
+            if not isinstance(values, list) or not values or any(isinstance(v, (dict, list)) for v in values):
+                raise Invalid(f"{path} = {short_repr(values)}: must be a non-empty array of values")
+            axes.append((path, tuple(values)))
+    return tuple(axes)
 
 
 def _k(key: str, parse: Callable[[object], object], default: object, type_doc: str, doc: str,
@@ -341,9 +126,11 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("norm", choice(NORMS), None, " | ".join(NORMS), "normalisation layer", "llama: rmsnorm; others: layernorm"),
     _k("norm_eps", positive_float, None, "float > 0", "normalisation epsilon", "gpt/llama: 1e-5; bert/vit: 1e-12"),
     _k("bias", boolean, None, "bool", "linear layers have biases", "llama: false; others: true"),
-    _k("attention", choice(ATTENTIONS), "flash", " | ".join(ATTENTIONS), "fused (flash/SDPA) or eager attention"),
-    _k("dropout", dropout_probability, None, "float in [0, 1)", "dropout probability (residual, attention, embeddings)", "gpt/bert: 0.1; llama/vit: 0.0"),
+    _k("attention", choice(ATTENTIONS), "flash", " | ".join(ATTENTIONS), "fused (flash/SDPA), eager, or Linformer's low-rank attention (bert and vit: it has no causal form)"),
+    _k("linformer_k", _POS, None, "int >= 1", "Linformer: keys and values projected along the sequence to this length (< seq_length); required with attention = linformer", "none"),
+    _k("dropout", fraction_below_one, None, "float in [0, 1)", "dropout probability (residual, attention, embeddings)", "gpt/bert: 0.1; llama/vit: 0.0"),
     _k("tied_embeddings", boolean, None, "bool", "output head shares the token embedding", "gpt/bert: true; llama/vit: false"),
+    _k("share_layers", boolean, False, "bool", "ALBERT's cross-layer sharing: every transformer layer runs with the first layer's parameters (one set of weights and optimizer states; gradients summed over the uses; activations per layer)"),
     _k("post_norm", boolean, None, "bool", "normalisation after the residual add (BERT) instead of before", "bert: true; others: false"),
     _k("rope_theta", positive_float, None, "float > 0", "rotary embedding base (llama only)", "llama: 10000.0"),
     _k("type_vocab_size", _POS, None, "int >= 1", "token-type embeddings (bert only)", "bert: 2"),
@@ -362,7 +149,9 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("optimizer_implementation", choice(OPTIMIZER_IMPLEMENTATIONS), "auto", " | ".join(OPTIMIZER_IMPLEMENTATIONS), "torch optimizer kernel style; auto = what torch picks on the device (megatron, deepspeed on a GPU: their fused Adam)"),
     _k("recompute", recompute_mode, "none", 'none | selective | full | "segments:N"', "activation checkpointing (segments:N = checkpoint_sequential)"),
     _k("activation_compression", choice(ACTIVATION_COMPRESSIONS), "none", " | ".join(ACTIVATION_COMPRESSIONS), "compression of saved activations"),
-    _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "loss scaling (meaningful for fp16-mixed only)"),
+    _k("sparsity", choice(SPARSITIES), "none", " | ".join(SPARSITIES), "2:4 semi-structured sparsity of the MLP linears in training, as torchao's SemiSparseLinear (bf16, sparse tensor cores; docs/model-options.md)"),
+    _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "fp16-mixed loss scaling: dynamic (torch GradScaler, Megatron DynamicGradScaler, DeepSpeed DynamicLossScaler) or a static scale (Megatron, DeepSpeed); other precisions: dynamic only"),
+    _k("skipped_steps_fraction", fraction_below_one, 0.0, "float in [0, 1)", "fp16-mixed: share of iterations whose optimizer step the loss scaler skips (an overflow); iteration_time_s averages both kinds"),
     _k("cuda_graphs", boolean, False, "bool", "the training step is captured as CUDA graphs and replayed: no per-kernel host launch cost (parallel/host_issue.py); needs a GPU, no ZeRO-3, a static loss scale with fp16-mixed, not deepspeed"),
     _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
 )
@@ -375,11 +164,13 @@ PARALLEL_KEYS: tuple[KeySpec, ...] = (
     _k("schedule", schedule_name, "1f1b", " | ".join(SCHEDULES) + " | path", "pipeline schedule, or an action file (relative to the scenario file)"),
     _k("virtual_stages", _POS, 1, "int >= 1", "model chunks per pipeline stage; divides num_layers / pp"),
     _k("zero_stage", int_between(0, 3), 0, "0 | 1 | 2 | 3", "ZeRO sharding of optimizer states (1), gradients (2), parameters (3)"),
-    _k("offload_optimizer", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where optimizer states live"),
-    _k("offload_params", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where parameters live between uses"),
-    _k("offload_activations", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where saved activations wait for backward"),
-    _k("gradient_compression", gradient_compression, "none", 'none | 1bit | int8 | "topk:F" | "powersgd:R"', "compression of data-parallel gradient traffic"),
+    _k("offload_optimizer", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where optimizer states live: DeepSpeed ZeRO-Offload / ZeRO-Infinity (framework deepspeed, adamw, zero_stage 2 or 3; nvme: 3 and a topology with drives): master, gradients and Adam states in host memory (or on NVMe), CPU-Adam on the host"),
+    _k("offload_params", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where parameters live between uses: ZeRO-3 offload_param (zero_stage 3, with offload_optimizer), fetched ahead over PCIe (nvme: read from the drives first)"),
+    _k("offload_activations", choice(OFFLOAD_TARGETS), "none", " | ".join(OFFLOAD_TARGETS), "where saved activations wait for backward; cpu = torch's save_on_cpu(pin_memory=True) (framework torch or deepspeed, no recompute); nvme is refused"),
+    _k("gradient_compression", gradient_compression, "none", 'none | 1bit | int8 | "topk:F" | "powersgd:R"', "compression of data-parallel gradient traffic: 1bit = DeepSpeed 1-bit Adam, int8 = Bagua ByteGrad, topk = GRACE top-k, powersgd = torch's PowerSGD hook (docs/compression.md)"),
+    _k("gradient_compression_stage", choice(COMPRESSION_STAGES), "compressed", " | ".join(COMPRESSION_STAGES), "which iteration is simulated: compressed, or the uncompressed warm-up before it (1bit: before freeze_step; powersgd: before start_powerSGD_iter)"),
     _k("bucket_size", size_bytes, 25_000_000, "size", "gradient bucket size (DDP bucket_cap_mb)", '"25 MB" (25000000)'),
+    _k("prefetch_bucket_size", int_at_least(0), 50_000_000, "int >= 0", "offloaded parameters are fetched while the segments fetched ahead hold fewer elements than this (DeepSpeed stage3_prefetch_bucket_size; 0: no prefetch)"),
     _k("placement", text, "auto", "str", "how ranks map onto devices; auto = the parallel layer's default order"),
     _k("tp_comm_overlap", auto_or_bool, "auto", '"auto" | bool', "tensor-parallel all_gather / reduce_scatter split into chunks pipelined with their GEMMs (Transformer Engine userbuffers, Megatron --tp-comm-overlap); needs sequence_parallel; auto = the framework's default (parallel/overlap.py)", '"auto" (all frameworks: false)'),
     _k("tp_backward_overlap", auto_or_bool, "auto", '"auto" | bool', "a column-parallel layer's backward collectives run during its GEMMs (input all_gather with the dgrad GEMM, the dgrad reduce_scatter / all_reduce with the wgrad GEMM); auto = the framework's default", '"auto" (megatron: true; torch, deepspeed: false)'),
@@ -392,6 +183,7 @@ CLUSTER_KEYS: tuple[KeySpec, ...] = (
     _k("topology", topology_name, "dgx-a100", "str | path", "a topology name from topologies/ or a TOML path (relative to the scenario file)"),
     _k("nodes", _POS, 1, "int >= 1", "number of nodes of that topology"),
     _k("calibration", optional_path, None, 'path | "none"', "fitted device/link parameters (relative to the scenario file)", "none"),
+    _k("host_memory", host_memory_size, None, '"auto" | size > 0', "host memory of each node, what offload may fill; auto = the topology's (its host_memory capacities)", '"auto"'),
 )
 
 ALLOCATOR_KEYS: tuple[KeySpec, ...] = (
@@ -399,6 +191,7 @@ ALLOCATOR_KEYS: tuple[KeySpec, ...] = (
     _k("max_split_size", max_split_size, None, '"unlimited" | size >= 20 MiB', "PYTORCH_ALLOC_CONF max_split_size (None = unlimited)", '"unlimited"'),
     _k("roundup_power2_divisions", roundup_power2_divisions, None, '"none" | 1 | 2 | 4 | 8 | 16', "PYTORCH_ALLOC_CONF roundup_power2_divisions", '"none"'),
     _k("expandable_segments", boolean, False, "bool", "PYTORCH_ALLOC_CONF expandable_segments"),
+    _k("memory_fraction", unit_fraction, 1.0, "float in (0, 1]", "torch.cuda.set_per_process_memory_fraction: the caching allocator's reserved bytes may not pass this fraction of the device's total memory (1.0: not set)"),
     _k("context_bytes", context_bytes, None, '"auto" | size', "memory outside the allocator (CUDA context, NCCL, cuBLAS); auto = the device's value", '"auto"'),
 )
 
@@ -410,6 +203,15 @@ RUN_KEYS: tuple[KeySpec, ...] = (
     _k("record_events", boolean, True, "bool", "keep allocator events (needed for the memory snapshot)"),
 )
 
+SWEEP_KEYS: tuple[KeySpec, ...] = (
+    _k("grid", grid_table, (), "table", "the sweep's axes: section.key = [values]; `memsim sweep` runs their product (--grid adds or replaces axes)", "{}"),
+    _k("fast", boolean, False, "bool", "evaluate every sweep point with the fast estimate only (`memsim sweep --fast`)"),
+    _k("tokens", optional_positive, None, 'float > 0 | "none"', "token budget for time to train, dollars and kWh (`--tokens`; sweep and compare)", "none"),
+    _k("prices", optional_path, None, 'path | "none"', "price and power table overriding topologies/costs/prices.toml (`--prices`; relative to the scenario file)", "none"),
+    _k("pricing", choice(PRICINGS), "rent", " | ".join(PRICINGS), "dollars from hourly rental, or from the purchase price amortised plus electricity (`--pricing`)"),
+    _k("amortization_years", optional_positive, None, 'float > 0 | "none"', "years over which owned hardware is written off (`--amortization-years`); none = the price table's", "none"),
+)
+
 TOP_LEVEL_KEYS: tuple[KeySpec, ...] = (
     _k("name", text, None, "str", "scenario name shown in reports", "the file name without .toml"),
     _k("description", string, "", "str", "free text"),
@@ -417,7 +219,7 @@ TOP_LEVEL_KEYS: tuple[KeySpec, ...] = (
 
 SECTION_KEYS: Mapping[str, tuple[KeySpec, ...]] = MappingProxyType({
     "model": MODEL_KEYS, "training": TRAINING_KEYS, "parallel": PARALLEL_KEYS,
-    "cluster": CLUSTER_KEYS, "allocator": ALLOCATOR_KEYS, "run": RUN_KEYS,
+    "cluster": CLUSTER_KEYS, "allocator": ALLOCATOR_KEYS, "run": RUN_KEYS, "sweep": SWEEP_KEYS,
 })
 
 
@@ -462,6 +264,8 @@ class ModelConfig:
     dropout: float
     tied_embeddings: bool
     post_norm: bool
+    share_layers: bool = False
+    linformer_k: int | None = None
     preset: str | None = None
     hf_config: str | None = None
     rope_theta: float | None = None
@@ -496,7 +300,9 @@ class TrainingConfig:
     optimizer_implementation: str = "auto"
     recompute: str = "none"
     activation_compression: str = "none"
+    sparsity: str = "none"
     loss_scale: str | float = "dynamic"
+    skipped_steps_fraction: float = 0.0
     vocab_divisible_by: int = 1
     cuda_graphs: bool = False
     data_parallel_size: int = 1
@@ -528,7 +334,9 @@ class ParallelConfig:
     offload_params: str = "none"
     offload_activations: str = "none"
     gradient_compression: str = "none"
+    gradient_compression_stage: str = "compressed"
     bucket_size: int = 25_000_000
+    prefetch_bucket_size: int = 50_000_000
     placement: str = "auto"
     tp_comm_overlap: str | bool = "auto"
     tp_backward_overlap: str | bool = "auto"
@@ -574,6 +382,7 @@ class ClusterConfig:
     topology: str = "dgx-a100"
     nodes: int = 1
     calibration: str | None = None
+    host_memory: int | None = None
 
     @property
     def topology_is_path(self) -> bool:
@@ -589,6 +398,7 @@ class AllocatorConfig:
     max_split_size: int | None = None
     roundup_power2_divisions: int | None = None
     expandable_segments: bool = False
+    memory_fraction: float = 1.0
     context_bytes: int | None = None
 
     @property
@@ -609,6 +419,18 @@ class RunConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """The [sweep] table: read by `memsim sweep` and `memsim compare`; a single run ignores it."""
+
+    grid: tuple[tuple[str, tuple], ...] = ()     # (section.key, values) in document order
+    fast: bool = False
+    tokens: float | None = None
+    prices: str | None = None
+    pricing: str = "rent"
+    amortization_years: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Scenario:
     """A loaded, validated scenario: every section resolved, every default filled in."""
 
@@ -621,3 +443,4 @@ class Scenario:
     allocator: AllocatorConfig
     run: RunConfig
     description: str = ""
+    sweep: SweepConfig = SweepConfig()

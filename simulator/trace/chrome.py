@@ -164,11 +164,18 @@ def _rank_label(rank: RankTrace, stage_of_rank: dict[int, int] | None,
 def _event_category(span: Span) -> str:
     if span.kind in _COMM_KINDS:
         return "communication"
-    if span.stream in _COPY_STREAMS:
+    if span.stream in _COPY_STREAMS or span.kind in _OFFLOAD_COPIES:
         return "gpu_memcpy"
+    if span.kind == "host":
+        return "cpu_op"              # the host's offloaded optimizer step
+    if span.kind in ("nvme_read", "nvme_write"):
+        return "io"                  # drive reads and writes of NVMe offload
     if span.phase == "comm":
         return "communication"
     return "kernel"
+
+
+_OFFLOAD_COPIES = ("d2h", "h2d")     # offload transfers (program.Transfer routes) that are PCIe copies
 
 
 def _event_name(span: Span, category: str) -> str:
@@ -176,7 +183,8 @@ def _event_name(span: Span, category: str) -> str:
     if category == "communication" and not span.name.lower().startswith("nccl"):
         return f"nccl:{span.kind} {span.name}"
     if category == "gpu_memcpy" and not span.name.startswith("Memcpy"):
-        return f"Memcpy {span.stream.upper()} {span.name}"
+        direction = span.kind if span.kind in _OFFLOAD_COPIES else span.stream
+        return f"Memcpy {direction.upper()} {span.name}"
     return span.name
 
 

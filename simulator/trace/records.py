@@ -83,6 +83,7 @@ class RankTrace:
     category_peaks: dict[str, int] = field(default_factory=dict)   # each category's own peak
     peak_op: str = ""
     oom: OomInfo | None = None
+    host_events: list = field(default_factory=list)   # (time_s, +1 | -1, host tensor ids): offload's host memory
 
 
 @dataclass

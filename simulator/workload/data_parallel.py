@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from simulator.workload.compression import NONE, BucketParam, Compression, GradientCodec, make_codec
 from simulator.workload.graph import (
     BACKWARD_INPUT,
     COLLECTIVE,
@@ -147,7 +148,8 @@ class ParamInfo:
     name: str
     numel: int
     grad_dtype: str
-    grad_buffer: int | None = None      # megatron: the persistent main_grad tensor id
+    grad_buffer: int | None = None      # megatron (and Bagua): the persistent gradient tensor id
+    shape: tuple[int, ...] = ()         # the parameter's (local) shape; () = a vector of `numel`
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ class DataParallelSetup:
     step_on_device: bool
     param_dtype: str
     master_dtype: str | None          # separate fp32 master (megatron/deepspeed mixed precision)
+    compression: Compression = NONE   # gradient compression (workload/compression)
 
     @property
     def reduction(self) -> str:
@@ -172,8 +175,9 @@ class DataParallelSetup:
 
     @property
     def buffers(self) -> str:
-        """'per_bucket' (DDP), 'staging' (ZeRO-2/3) or 'none' (gradients reduced in place)."""
-        if self.framework == "megatron":
+        """'per_bucket' (DDP), 'staging' (ZeRO-2/3) or 'none' (gradients reduced in place, or no DDP buckets:
+        Compression.replaces_bucket_buffers)."""
+        if self.framework == "megatron" or self.compression.replaces_bucket_buffers:
             return "none"
         if self.zero_stage >= 2:
             return "staging"
@@ -237,6 +241,7 @@ class _SyncPlan:
     grad_nbytes: dict[int, int]
     grad_buffer: dict[int, int]           # megatron main_grad ids
     grad_dtype: str
+    codec: GradientCodec | None = None    # gradient compression's ops (None: plain collectives)
 
 
 def _sync(ops: list[Op], policy: LandingPolicy, setup: DataParallelSetup, plan: _SyncPlan,
@@ -249,7 +254,12 @@ def _sync(ops: list[Op], policy: LandingPolicy, setup: DataParallelSetup, plan: 
     microbatch = ops[0].microbatch if ops else 0
     grad_dt = {pid: plan.grad_nbytes[pid] for pid in plan.names}
     arrival = {pid: k for k, pid in enumerate(policy.order)}
+    codec = plan.codec
     for pid in sorted(plan.names, key=lambda p: (landing[p], arrival.get(p, len(arrival)))):
+        if codec is not None and pid in codec.landing_ops:
+            op = ops[landing[pid]]
+            after.setdefault(landing[pid], []).extend(
+                replace(o, layer=op.layer, microbatch=microbatch) for o in codec.landing_ops[pid])
         if mode == "none":
             continue
         grad = policy.grad_id.get(pid, grad_ids.get(pid))
@@ -266,6 +276,11 @@ def _sync(ops: list[Op], policy: LandingPolicy, setup: DataParallelSetup, plan: 
         allocs: tuple[int, ...] = ()
         if shard_pending:
             allocs, shard_pending = (plan.grad_shard,), False
+        if codec is not None:
+            layer = ops[position].layer
+            after.setdefault(position, []).extend(
+                replace(o, layer=layer, microbatch=microbatch) for o in codec.bucket_ops.get(bucket.index, ()))
+            continue
         if mode == "per_bucket":
             inputs = (plan.bucket_buffers[bucket.index],)
         elif mode == "staging":
@@ -293,6 +308,16 @@ class GradientSync:
     plan: _SyncPlan
     shard_numel: int        # elements of this rank's optimizer (and ZeRO-2/3 gradient) shard
     total_numel: int        # elements of the parameters being synchronized
+
+    @property
+    def persistent(self) -> tuple[int, ...]:
+        """The tensors it allocates at set-up: bucket buffers, the compression's state."""
+        codec = self.plan.codec
+        return self.plan.bucket_buffers + (codec.persistent if codec is not None else ())
+
+    def step_ops(self) -> list[Op]:
+        """What runs first in the optimizer step (a compression's decompression)."""
+        return list(self.plan.codec.step_ops) if self.plan.codec is not None else []
 
 
 def prepare_sync(setup: DataParallelSetup, params: list[ParamInfo], tensors: dict[int, Tensor],
@@ -330,8 +355,13 @@ def prepare_sync(setup: DataParallelSetup, params: list[ParamInfo], tensors: dic
         g = Tensor(ids(), "dp.grad_shard", shard * DTYPE_BYTES[grad_dtype], GRADIENTS, grad_dtype, (shard,))
         tensors[g.id] = g
         grad_shard = g.id
+    by_id = {p.id: p for p in params}
+    bucket_params = [[BucketParam(pid, by_id[pid].name, by_id[pid].numel, by_id[pid].shape or (by_id[pid].numel,),
+                                  by_id[pid].grad_buffer) for pid in bucket.param_ids] for bucket in buckets]
+    bucket_buffers = list(buffers) if setup.buffers == "per_bucket" else [None] * len(buckets)
+    codec = make_codec(setup.compression, dp, bucket_params, grad_dtype, bucket_buffers, ids, tensors)
     plan = _SyncPlan(tuple(buckets), tuple(buffers), grad_shard, names, grad_nbytes,
-                     {p.id: p.grad_buffer for p in params if p.grad_buffer is not None}, grad_dtype)
+                     {p.id: p.grad_buffer for p in params if p.grad_buffer is not None}, grad_dtype, codec)
     return GradientSync(plan, shard, total)
 
 
@@ -431,7 +461,7 @@ def apply_data_parallel(workload: "IterationWorkload", setup: DataParallelSetup,
     prepared = prepare_sync(setup, params, tensors, ids)
     plan, shard, total = prepared.plan, prepared.shard_numel, prepared.total_numel
     grad_shard = plan.grad_shard
-    persistent = list(workload.persistent) + list(plan.bucket_buffers)
+    persistent = list(workload.persistent) + list(prepared.persistent)
     gradients = [grad_shard] if grad_shard is not None else list(workload.gradients)
     buckets = plan.buckets
     first_grads = dict(lists.first_policy.grad_id)
@@ -463,6 +493,7 @@ def apply_data_parallel(workload: "IterationWorkload", setup: DataParallelSetup,
     optimizer = list(workload.optimizer)
     if stage >= 1:
         optimizer_ids, optimizer = sharded_step(workload, setup, shard, total, tensors, ids, grad_shard)
+    optimizer = prepared.step_ops() + optimizer
     if stage == 3:
         for p in params:
             full = tensors[p.id]
@@ -484,13 +515,25 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
     `workload` is an IterationWorkload or a pipeline StageWorkload (its `optimizer` and
     `optimizer_state_ids` are replaced); `total` = the elements of the parameters it updates.
     """
+    # The per-parameter step goes, the loss scaler's kernels too: they are made again below, over the shard
+    # (with their own temporaries).
     old_temps = [t for op in workload.optimizer for t in op.allocs]
     for tid in list(workload.optimizer_state_ids) + old_temps:
         tensors.pop(tid, None)
-    kept = [op for op in workload.optimizer if op.name.startswith("grad_scaler.")]
     master_dtype = setup.master_dtype or setup.param_dtype
     grad_dtype = tensors[grad_shard].dtype if grad_shard is not None else None
     flat = MasterParam("zero.shard", (shard,), shard, master_dtype, grad_dtype or master_dtype)
+    use = workload.meta.get("loss_scaler")
+    before: list[Op] = []
+    after: list[Op] = []
+    if use is not None:
+        # The fp16 loss scaler checks what this rank's step reads: torch's ZeRO-1 (ZeroRedundancyOptimizer behind
+        # DDP) every gradient, the sharded optimizers their gradient shard (DeepSpeed then all_reduces the flag).
+        checked = list(use.params) if setup.framework == "torch" and setup.zero_stage == 1 else \
+            [MasterParam("zero.shard", (shard,), shard, master_dtype, use.params[0].grad_dtype if use.params
+                         else master_dtype)]
+        before, after = use.scaler.ops(checked, ids, tensors, self_unscaling=use.self_unscaling,
+                                       dp_overflow_reduce=setup.framework == "deepspeed")
     states: list[Tensor] = []
     if setup.master_dtype:
         states.append(Tensor(ids(), "zero.shard.master", shard * DTYPE_BYTES[master_dtype], OPTIMIZER_STATES,
@@ -498,7 +541,7 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
     states += optimizer_states(setup.optimizer, [flat], ids, setup.step_on_device)
     for t in states:
         tensors[t.id] = t
-    ops = list(kept)
+    ops = list(before)
     converted = None
     if setup.framework == "deepspeed" and setup.master_dtype and setup.param_dtype != setup.master_dtype:
         # DeepSpeed hands the optimizer an fp32 copy of the (16-bit) gradient shard.
@@ -516,6 +559,7 @@ def sharded_step(workload, setup: DataParallelSetup, shard: int, total: int, ten
                          dtype=setup.param_dtype))
     elif converted is not None:
         ops[-1] = replace(ops[-1], frees=ops[-1].frees + (converted,))
+    ops += after
     if setup.zero_stage in (1, 2):
         ops.append(_collective("zero.all_gather_params", "all_gather", OPTIMIZER_STEP, total * param_bytes,
                                dtype=setup.param_dtype))

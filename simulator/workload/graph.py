@@ -15,7 +15,7 @@ CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATES, ACTIVATIONS, COMMUNICATIO
 CATEGORY_LABELS = {name: name.replace("_", " ") for name in CATEGORIES}   # for people: "optimizer states"
 
 # Bytes per element of the dtypes memsim knows.
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "uint8": 1, "bool": 1, "int64": 8, "int32": 4}
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "uint8": 1, "bool": 1, "int64": 8, "int32": 4}
 
 # Op classes used by the cost model to pick an efficiency.
 GEMM = "gemm"                  # dense matmul (linear layers, LM head, attention scores in eager mode)
@@ -27,11 +27,25 @@ EMBEDDING = "embedding"        # gathers and scatters (embedding lookup and its 
 OPTIMIZER = "optimizer"        # optimizer update kernels
 COPY = "copy"                  # memory copies (contiguous, transpose, cast to another buffer)
 COLLECTIVE = "collective"      # a communication kernel (NCCL): see Op.collective, Op.group, Op.comm_bytes
-OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY, COLLECTIVE)
+SPARSE_GEMM = "sparse_gemm"    # a 2:4 semi-structured sparse matmul (sparse tensor cores); flops are dense-equivalent
+TRANSFER = "transfer"          # offload traffic (program.Transfer): Op.collective the route, Op.comm_bytes its bytes
+HOST = "host"                  # work on the host CPU (offloaded optimizer step): Op.collective the host kernel
+OP_CLASSES = (GEMM, ATTENTION, ELEMENTWISE, NORM, SOFTMAX, EMBEDDING, OPTIMIZER, COPY, COLLECTIVE, TRANSFER, HOST,
+              SPARSE_GEMM)
+OFFLOAD_CLASSES = (TRANSFER, HOST)
+WAIT = "wait"                  # a TRANSFER op with this route moves nothing: the compute stream waits for Op.group
 
 # Collectives (NCCL / torch.distributed names) and the process groups they run on.
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send", "recv")
 GROUPS = ("tp", "dp", "pp")
+
+# Where an op runs relative to the compute stream (Op.placement). "" = by its class: a data-parallel all_reduce or
+# reduce_scatter overlaps the backward (the compute stream waits for it before the optimizer step), every other
+# collective is waited for at once, and every other op runs on the compute stream.
+OVERLAPPED = "overlapped"     # a collective the compute stream waits for only before the optimizer step
+BLOCKING = "blocking"         # a collective the compute stream waits for at once
+ON_COMM_STREAM = "comm"       # a kernel a communication library runs on its group's communication stream
+PLACEMENTS = ("", OVERLAPPED, BLOCKING, ON_COMM_STREAM)
 
 # Phases of a training iteration.
 FORWARD = "fwd"
@@ -94,7 +108,12 @@ class Op:
     frees: tuple[int, ...] = ()    # tensor ids freed at op end
     layer: int = -1                # transformer layer index, -1 for embedding/head/optimizer
     microbatch: int = 0
-    collective: str = ""           # op_class COLLECTIVE: one of COLLECTIVES
-    group: str = ""                # op_class COLLECTIVE: the process group, one of GROUPS
-    comm_bytes: int = 0            # op_class COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size)
+    collective: str = ""           # COLLECTIVE: one of COLLECTIVES; TRANSFER: its route or WAIT; HOST: its kernel
+    group: str = ""                # COLLECTIVE (or placement ON_COMM_STREAM): the process group, one of GROUPS;
+                                   # TRANSFER, HOST: the stream it runs on ("" the compute stream, "dp" the
+                                   # data-parallel one, else a stream name)
+    comm_bytes: int = 0            # COLLECTIVE: the buffer size as NCCL sees it (nccl-tests' size); TRANSFER: bytes
+    host_allocs: tuple[int, ...] = ()   # TRANSFER: host tensors (offload) allocated at its start
+    host_frees: tuple[int, ...] = ()    # TRANSFER: host tensors freed at its end
+    placement: str = ""            # one of PLACEMENTS: where the op runs relative to the compute stream
     tensors: int = 1               # tensors one call walks (a multi-tensor optimizer kernel: all of them): host work

@@ -123,25 +123,34 @@ class Replay:
             allocs.append(tid)
             workspace.append(tid)
         compress: list[tuple[int, int]] = []
-        if keep_saved:
+        saver = self.tape.saver
+        packing: set[int] = set()         # storages a save_on_cpu pack reads after the op (offload/activations.py)
+        if keep_saved and saver is not None and node.saved:
+            packing = saver.pack(self, node)
+        elif keep_saved:
             for ref in node.saved:
                 tid = self._saved_storage(ref, compress)
                 self.saved_count[tid] = self.saved_count.get(tid, 0) + 1
         for ref in extra_saved:
             tid = self._mem(ref.id)
             self.saved_count[tid] = self.saved_count.get(tid, 0) + 1
-        quantized = {source for source, _ in compress}
+        quantized = {source for source, _ in compress} | packing
         frees: list[int] = list(workspace)
         for tid in frees_after.get(node.index, ()):
             actual = self.remap.get(tid, tid)
             self.py_alive.discard(actual)
-            if actual not in quantized:       # a compressed tensor lives until it is quantized
+            if actual not in quantized:       # a compressed (or packed) tensor lives until it is quantized (copied)
                 self._maybe_free(actual, frees)
         inputs = [self._mem(r.id) for r in node.inputs]
         self._emit(node.name, node.op_class, phase, flops=node.flops, bytes_read=node.bytes_read,
                    bytes_written=node.bytes_written, dtype=node.dtype, gemm_mnk=node.gemm_mnk,
                    gemm_batch=node.gemm_batch, inputs=inputs, outputs=outputs, allocs=allocs,
                    frees=frees, layer=node.layer)
+        if packing:
+            freeable: list[int] = []
+            for tid in sorted(packing):
+                self._maybe_free(tid, freeable)
+            saver.pack_ops(self, node, phase, freeable)
         for source, packed in compress:
             # int8 activation compression: quantize the saved tensor right after it is produced.
             frees = []
@@ -270,7 +279,9 @@ class Replay:
         if all(g is None for g in grad_out):
             return
         produced: list[tuple[int, int]] = []
-        dequantized = self._dequantize(node)
+        saver = self.tape.saver
+        offloaded = saver is not None and saver.offloaded(self, node)
+        dequantized = saver.unpack(self, node) if offloaded else self._dequantize(node)
         for k, kernel in enumerate(node.kernels):
             allocs: list[int] = []
             outputs: list[int] = []
@@ -301,13 +312,13 @@ class Replay:
                 workspace.append(tid)
             frees: list[int] = list(workspace)
             if k == len(node.kernels) - 1:
-                frees.extend(dequantized.values())
+                frees.extend(dict.fromkeys(dequantized.values()))
                 # Autograd releases the node's incoming gradients and saved variables after it runs.
                 for ref, g in zip(node.outputs, grad_out):
                     if g is not None:
                         del self.grad_of[ref.id]
                         self._dec(g, frees)
-                for ref in node.saved:
+                for ref in node.saved if not offloaded else ():
                     tid = self._mem(ref.id)
                     tid = self.packed.get(tid, tid)
                     self.saved_count[tid] -= 1

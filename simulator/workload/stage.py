@@ -30,7 +30,7 @@ from simulator.workload.graph import (ACTIVATIONS, BACKWARD_WEIGHT, DTYPE_BYTES,
 from simulator.workload.optimizers import IdSource
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
-from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, dtypes_for, model_states, workspace_first_use
+from simulator.workload.training import CPU_RNG_STATE_BYTES, Recipe, model_states, recipe_dtypes, workspace_first_use
 from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
 from simulator.workload.weight_split import RETAIN_GRAPH, WEIGHT_STORE, split_backward
 
@@ -278,7 +278,7 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
                         f"allowed with parallel.pp > 1: 0, 1")
     if not spec.first and stage_input is None:
         raise PlanError(f"stage layers {spec.start}..{spec.stop}: a stage that is not first needs stage_input")
-    dts = dtypes_for(recipe.precision, recipe.framework)
+    dts = recipe_dtypes(recipe)
     b = recipe.micro_batch_size
     compress = recipe.activation_compression == "int8"
     rng_bytes = CPU_RNG_STATE_BYTES if profile.device_kind == "cpu" else 0
@@ -390,7 +390,8 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
     for gid in grads:
         t = tensors[gid]
         tensors[gid] = Tensor(t.id, t.name, t.nbytes, GRADIENTS, t.dtype, t.shape)
-    meta: dict[str, object] = {"dtypes": dts, "tp": recipe.tp, "layers": (spec.start, spec.stop)}
+    meta: dict[str, object] = {"dtypes": dts, "tp": recipe.tp, "layers": (spec.start, spec.stop),
+                               "loss_scaler": states.loss_scaler}
     if split_weight:
         meta["weight_split"] = RETAIN_GRAPH if recipe.framework == "torch" else WEIGHT_STORE
     if shape.tied and spec.first != spec.last and shape.architecture != "vit":
@@ -407,7 +408,7 @@ def build_stage(shape: Shape, recipe: Recipe, profile: KernelProfile, spec: Stag
     if recipe.dp == 1:
         return workload
     infos = [ParamInfo(ref.id, name, numel(ref.shape), dts.grad,
-                       states.grad_buffers[k] if states.grad_buffers else None)
+                       states.grad_buffers[k] if states.grad_buffers else None, tuple(ref.shape))
              for k, (ref, name) in enumerate(zip(params.refs, params.names))]
     return _data_parallel(workload, recipe, profile, infos, landings, first_backward, sync_microbatch, ids)
 
@@ -419,7 +420,7 @@ def _data_parallel(workload: StageWorkload, recipe: Recipe, profile: KernelProfi
     dts = workload.meta["dtypes"]
     setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
                               len(workload.microbatches), recipe.optimizer, recipe.optimizer_implementation,
-                              profile.device_kind == "cpu", dts.param, dts.master)
+                              profile.device_kind == "cpu", dts.param, dts.master, recipe.compression)
     tensors = workload.tensors       # build_stage's own, not kept elsewhere: extended in place, not copied
     sync = prepare_sync(setup, params, tensors, ids)
     mb = workload.microbatches[sync_microbatch].resolved()     # a copy gets its own ops (their ids change)
@@ -434,10 +435,11 @@ def _data_parallel(workload: StageWorkload, recipe: Recipe, profile: KernelProfi
     if recipe.zero_stage == 1:
         state_list, optimizer = sharded_step(workload, setup, sync.shard_numel, sync.total_numel, tensors, ids, None)
         state_ids = tuple(state_list)
+    optimizer = sync.step_ops() + list(optimizer)
     meta = dict(workload.meta)
     meta.update({"dp": recipe.dp, "zero_stage": recipe.zero_stage,
                  "dp_buckets": tuple(b.nbytes for b in sync.plan.buckets), "dp_shard_numel": sync.shard_numel,
                  "dp_sync_microbatch": sync_microbatch})
-    return replace(workload, tensors=tensors, persistent=workload.persistent + sync.plan.bucket_buffers,
+    return replace(workload, tensors=tensors, persistent=workload.persistent + sync.persistent,
                    optimizer_state_ids=state_ids, microbatches=tuple(microbatches), optimizer=optimizer,
                    meta=meta)

@@ -126,6 +126,7 @@ class Tape:
         # Whether autograd adds a second incoming gradient in place into a buffer only it holds (set by Ops
         # from the device: measured in place on CUDA, torch 2.11; out of place on CPU, torch 2.13).
         self.inplace_grad_accumulation = False
+        self.saver = None      # save_on_cpu's pack/unpack hooks (offload/activations.py HostSaver), None: none
         self._next_id = first_tensor_id
         self._nodes: list[_Node] = []
         self._storages: dict[int, _Storage] = {}

@@ -10,13 +10,16 @@ Where the bytes of mixed precision live follows `framework`:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simulator.errors import PlanError
+from simulator.workload.compression import Compression, check_compression
+from simulator.workload.compression.onebit import onebit_optimizer
 from simulator.workload.data_parallel import (
     DataParallelSetup, LandingPolicy, MicrobatchOps, ParamInfo, apply_data_parallel,
 )
 from simulator.workload.graph import DTYPE_BYTES, FORWARD, GEMM, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
+from simulator.workload.loss_scaler import LossScaler, check_loss_scale, make_loss_scaler
 from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
@@ -43,6 +46,16 @@ class Recipe:
     dp: int = 1                              # data-parallel size (see workload/data_parallel.py)
     zero_stage: int = 0                      # 0 (DDP) | 1 | 2 | 3; megatron: 0 | 1 (distributed optimizer)
     bucket_size_bytes: int = 25_000_000      # gradient bucket size (DDP bucket_cap, DeepSpeed reduce_bucket)
+    gradient_compression: str = "none"       # parallel.gradient_compression (workload/compression)
+    compression_stage: str = "compressed"    # parallel.gradient_compression_stage: the iteration simulated
+    loss_scale: str | float = "dynamic"      # training.loss_scale (fp16-mixed: workload/loss_scaler.py)
+    skipped_steps_fraction: float = 0.0      # training.skipped_steps_fraction: steps skipped on overflow
+    offload: object | None = None            # offload.state.OffloadConfig when anything is offloaded
+
+    @property
+    def compression(self) -> Compression:
+        """The data-parallel gradient compression of this recipe."""
+        return Compression.parse(self.gradient_compression, self.compression_stage)
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,15 @@ class Dtypes:
     grad: str              # gradients produced for parameters
     master: str | None     # separate fp32 master copy (megatron/deepspeed), None if the params are updated
     persistent_grad_buffer: bool   # megatron main_grad: gradients accumulate into a persistent buffer
+
+
+def recipe_dtypes(recipe: Recipe) -> Dtypes:
+    """`dtypes_for` the recipe's precision and framework; Bagua (int8 compression) keeps every gradient in its
+    persistent flattened buckets, which accumulate like megatron's main_grad."""
+    dts = dtypes_for(recipe.precision, recipe.framework)
+    if recipe.compression.gradients_in_buckets:
+        dts = replace(dts, persistent_grad_buffer=True)
+    return dts
 
 
 def dtypes_for(precision: str, framework: str) -> Dtypes:
@@ -90,6 +112,7 @@ class IterationWorkload:
     # Persistent tensors allocated lazily, right before the first run of the op of that name (the cuBLAS
     # workspaces at the first forward and the first backward GEMM): (op name, tensor ids).
     first_use: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    host: object | None = None     # offload: the rank's host tensors (offload.state.HostState), None without offload
 
 
 def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
@@ -104,26 +127,6 @@ def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
     return idx, targets
 
 
-def _grad_scaler(ids: IdSource, tensors: dict[int, Tensor], params: list[MasterParam]) -> tuple[list[int], Op]:
-    """torch.amp.GradScaler: its scale and growth tracker live on the device; unscale_ allocates
-    found_inf and inv_scale and rewrites every gradient in place before the step."""
-    persistent = []
-    for name, dtype in (("grad_scaler.scale", "fp32"), ("grad_scaler.growth_tracker", "int32")):
-        tensor = Tensor(ids(), name, DTYPE_BYTES[dtype], OTHER, dtype, (1,), persistent=True)
-        tensors[tensor.id] = tensor
-        persistent.append(tensor.id)
-    temps = []
-    for name in ("grad_scaler.found_inf", "grad_scaler.inv_scale"):
-        tensor = Tensor(ids(), name, 4, OTHER, "fp32", (1,))
-        tensors[tensor.id] = tensor
-        temps.append(tensor.id)
-    grad_bytes = sum(p.numel * DTYPE_BYTES[p.grad_dtype] for p in params)
-    unscale = Op("grad_scaler.unscale", "optimizer", "optimizer", flops=2.0 * sum(p.numel for p in params),
-                 bytes_read=grad_bytes, bytes_written=grad_bytes, dtype="fp32", allocs=tuple(temps),
-                 frees=tuple(temps))
-    return persistent, unscale
-
-
 def _check_data_parallel(recipe: Recipe) -> None:
     if not isinstance(recipe.dp, int) or recipe.dp < 1:
         raise PlanError(f"parallel.dp = {recipe.dp!r} must be a positive integer")
@@ -134,6 +137,19 @@ def _check_data_parallel(recipe: Recipe) -> None:
                         f"states only (distributed optimizer); allowed 0, 1")
     if not isinstance(recipe.bucket_size_bytes, int) or recipe.bucket_size_bytes < 1:
         raise PlanError(f"parallel.bucket_size = {recipe.bucket_size_bytes!r} must be a positive number of bytes")
+    check_compression(recipe.compression, dp=recipe.dp, zero_stage=recipe.zero_stage, framework=recipe.framework,
+                      precision=recipe.precision, optimizer=recipe.optimizer)
+    check_loss_scale(recipe.precision, recipe.framework, recipe.loss_scale, recipe.skipped_steps_fraction)
+
+
+@dataclass(frozen=True)
+class ScalerUse:
+    """An fp16 loss scaler as a rank's step uses it: the scaler, the gradients it checks, whether the optimizer
+    unscales them itself (torch's fused Adam(W)). ZeRO's sharded step re-makes its kernels over the shard."""
+
+    scaler: LossScaler
+    params: tuple[MasterParam, ...]
+    self_unscaling: bool
 
 
 @dataclass
@@ -146,6 +162,7 @@ class ModelStates:
     master: list[MasterParam]        # what the optimizer updates, parameter order
     state_tensors: list[Tensor]      # created at the first optimizer step
     optimizer_ops: list[Op]
+    loss_scaler: ScalerUse | None = None    # fp16-mixed: the loss scaler and what it unscales
 
 
 def workspace_first_use(ops: list[Op], workspaces: tuple[list[int], list[int]]
@@ -188,19 +205,29 @@ def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, id
     master = [MasterParam(name, ref.shape, numel(ref.shape), dts.master or ref.dtype, dts.grad)
               for ref, name in zip(params.refs, params.names)]
     state_tensors: list[Tensor] = []
-    if dts.master:
-        for p in master:
-            state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
-                                        OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
-    state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
-    for tensor in state_tensors:
-        tensors[tensor.id] = tensor
-    opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
+    compression = recipe.compression
+    if compression.kind == "1bit":
+        # DeepSpeed's 1-bit Adam replaces the optimizer (and, under fp16, updates one flat fp32 master).
+        state_tensors, opt_ops = onebit_optimizer(master, dts.master is not None, recipe.dp, compression.compressing,
+                                                  ids, tensors)
+    else:
+        if dts.master:
+            for p in master:
+                state_tensors.append(Tensor(ids(), f"{p.name}.master", p.numel * DTYPE_BYTES[dts.master],
+                                            OPTIMIZER_STATES, dts.master, p.shape, persistent=True))
+        state_tensors += optimizer_states(recipe.optimizer, master, ids, profile.device_kind == "cpu")
+        for tensor in state_tensors:
+            tensors[tensor.id] = tensor
+        opt_ops = step_ops(recipe.optimizer, recipe.optimizer_implementation, master, ids, tensors)
+    use = None
     if recipe.precision == "fp16-mixed":
-        scaler, unscale = _grad_scaler(ids, tensors, master)
-        persistent += scaler
-        opt_ops = [unscale] + opt_ops
-    return ModelStates(persistent, workspaces, grad_buffers, master, state_tensors, opt_ops)
+        scaler = make_loss_scaler(recipe.framework, recipe.loss_scale, ids, tensors)
+        persistent += scaler.state
+        use = ScalerUse(scaler, tuple(master), recipe.framework == "torch" and recipe.optimizer == "adamw"
+                        and recipe.optimizer_implementation == "fused")
+        before, after = scaler.ops(master, ids, tensors, self_unscaling=use.self_unscaling)
+        opt_ops = before + opt_ops + after
+    return ModelStates(persistent, workspaces, grad_buffers, master, state_tensors, opt_ops, use)
 
 
 def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
@@ -213,13 +240,14 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     data_parallel.py describes (collectives of group "dp"); dp = 1 is the single-device program.
     """
     _check_data_parallel(recipe)
-    dts = dtypes_for(recipe.precision, recipe.framework)
+    dts = recipe_dtypes(recipe)
     b = recipe.micro_batch_size
     compress = recipe.activation_compression == "int8"
     # torch.utils.checkpoint stashes the CPU generator state (5,056 bytes, measured on torch 2.13);
     # on a GPU that tensor lives in host memory and costs the device nothing.
     rng_bytes = CPU_RNG_STATE_BYTES if profile.device_kind == "cpu" else 0
     tape = Tape(microbatch=0, compress_saved=compress, rng_state_bytes=rng_bytes)
+    tape.saver = _host_saver(recipe)
     fp8 = recipe.precision == "fp8-mixed"
     ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
               sequence_parallel=recipe.sequence_parallel)
@@ -241,6 +269,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         # Later micro-batches accumulate into the existing gradients: same forward, new tensor ids.
         tape2 = Tape(microbatch=1, first_tensor_id=next_id, compress_saved=compress,
                      rng_state_bytes=rng_bytes)
+        tape2.saver = tape.saver
         tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
         tape2._storages[idx.id] = tape._storages[idx.id]
         tape2._storages[targets.id] = tape._storages[targets.id]
@@ -283,16 +312,35 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         optimizer=opt_ops,
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs),
-        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp},
+        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler},
         first_use=first_use,
     )
-    if recipe.dp == 1:
-        return workload
+    zero_on_one = recipe.offload is not None and recipe.zero_stage > 0   # DeepSpeed's ZeRO runs on one GPU too
+    if recipe.dp == 1 and not zero_on_one:
+        return _offloaded(workload, recipe, params, ids, tape.saver)
     setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
                               recipe.accumulation_steps, recipe.optimizer, recipe.optimizer_implementation,
-                              profile.device_kind == "cpu", dts.param, dts.master)
+                              profile.device_kind == "cpu", dts.param, dts.master, recipe.compression)
     infos = [ParamInfo(ref.id, name, numel(ref.shape), dts.grad,
-                       grad_buffers[k] if grad_buffers else None)
+                       grad_buffers[k] if grad_buffers else None, tuple(ref.shape))
              for k, (ref, name) in enumerate(zip(params.refs, params.names))]
     lists = MicrobatchOps(first_ops, policy, later_ops, later_policy)
-    return apply_data_parallel(workload, setup, infos, lists, ids)
+    return _offloaded(apply_data_parallel(workload, setup, infos, lists, ids), recipe, params, ids, tape.saver)
+
+
+def _host_saver(recipe: Recipe):
+    """save_on_cpu's hooks for the tapes when activations are offloaded (offload/activations.py), else None."""
+    if recipe.offload is None or recipe.offload.activations != "cpu":
+        return None
+    from simulator.offload.activations import HostSaver
+
+    return HostSaver()
+
+
+def _offloaded(workload: IterationWorkload, recipe: Recipe, params, ids: IdSource, saver) -> IterationWorkload:
+    """The workload with recipe.offload applied (simulator/offload), or as it is without offload."""
+    if recipe.offload is None:
+        return workload
+    from simulator.offload.apply import apply_offload
+
+    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from simulator.errors import PlanError
 from simulator.workload.graph import OTHER
+from simulator.workload.linformer import linformer_core, linformer_parameters
+from simulator.workload.sparsity import sparse_linear
 from simulator.workload.primitives import Ops
 from simulator.workload.tape import Ref
 
@@ -44,6 +46,9 @@ class Shape:
     channels: int = 3
     classes: int = 1000
     type_vocab: int = 2
+    shared_layers: bool = False     # ALBERT: every layer uses the first layer's parameters
+    linformer_k: int = 0            # attention "linformer": the projected sequence length
+    mlp_sparsity: str = "none"      # "2:4": the MLP linears run torchao's SemiSparseLinear (workload/sparsity.py)
 
     @property
     def head_dim(self) -> int:
@@ -177,6 +182,10 @@ class TransformerBuilder:
                 self.top["wtt"] = self._p("token_type_embeddings.weight", (m.type_vocab, h))
                 self.top.update({f"emb_ln_{k}": v for k, v in self._norm_params("embeddings.LayerNorm").items()})
         for i in self.layer_range:
+            if m.shared_layers and self.layers:
+                # ALBERT: one set of layer parameters, used by every layer (autograd sums their gradients).
+                self.layers[i] = self.layers[self.layer_range.start]
+                continue
             layer: dict[str, Ref] = {}
             pre = f"layers.{i}"
             layer.update({f"ln1_{k}": v for k, v in self._norm_params(f"{pre}.ln_1").items()})
@@ -190,6 +199,8 @@ class TransformerBuilder:
                               self._linear_params(f"{pre}.c_attn", h, (h + 2 * kvd) // t).items()})
                 layer.update({f"o_{k}": v for k, v in
                               self._linear_params(f"{pre}.attn.c_proj", h // t, h).items()})
+            if m.attention == "linformer":
+                layer.update(linformer_parameters(self, pre))
             layer.update({f"ln2_{k}": v for k, v in self._norm_params(f"{pre}.ln_2").items()})
             if m.activation == "swiglu":
                 for proj in ("gate", "up"):
@@ -230,6 +241,9 @@ class TransformerBuilder:
         if m.architecture == "gpt":
             # One bool (1, 1, P, P) causal-mask buffer per layer, as HF GPT-2 / nanoGPT register it.
             for i in self.layer_range:
+                if m.shared_layers and self.causal:
+                    self.causal[i] = self.causal[self.layer_range.start]     # the shared layer's buffer
+                    continue
                 ref = ops.buffer(f"layers.{i}.attn.bias", (1, 1, m.positions, m.positions), "bool")
                 self.buffers.append(ref)
                 self.causal[i] = ref
@@ -334,16 +348,18 @@ class TransformerBuilder:
         p = self.layers[i]
         pre = f"layers.{i}.mlp"
         xin = self._column_input(x, f"{pre}.column_input")
+        def linear(inp: Ref, key: str, name: str, row: bool) -> Ref:
+            if m.mlp_sparsity == "2:4":    # torchao SemiSparseLinear (tp = 1: api refuses 2:4 with tp > 1)
+                return sparse_linear(ops, inp, p[f"{key}_w"], p.get(f"{key}_b"), name)
+            return self._row_linear(inp, p, key, name) if row else self._column_linear(inp, x, p, key, name)
+
         if m.activation == "swiglu":
-            gate = self._column_linear(xin, x, p, "gate", f"{pre}.gate_proj")
-            act = ops.unary(gate, f"{pre}.silu", 4.0)
-            up = self._column_linear(xin, x, p, "up", f"{pre}.up_proj")
-            prod = ops.mul(act, up, f"{pre}.mul")
-            out = self._row_linear(prod, p, "down", f"{pre}.down_proj")
+            act = ops.unary(linear(xin, "gate", f"{pre}.gate_proj", False), f"{pre}.silu", 4.0)
+            up = linear(xin, "up", f"{pre}.up_proj", False)
+            out = linear(ops.mul(act, up, f"{pre}.mul"), "down", f"{pre}.down_proj", True)
         else:
-            hidden = self._column_linear(xin, x, p, "fc1", f"{pre}.c_fc")
-            act = ops.unary(hidden, f"{pre}.gelu", 8.0)
-            out = self._row_linear(act, p, "fc2", f"{pre}.c_proj")
+            act = ops.unary(linear(xin, "fc1", f"{pre}.c_fc", False), f"{pre}.gelu", 8.0)
+            out = linear(act, "fc2", f"{pre}.c_proj", True)
         self.tape.hold(x, xin)             # the module's argument lives until forward returns
         return out
 
@@ -463,6 +479,9 @@ class TransformerBuilder:
             contiguous_out = True
         elif m.attention == "flash":
             y = self._math_sdpa_core(q, k, v, pre)
+            contiguous_out = False
+        elif m.attention == "linformer":
+            y = linformer_core(self, i, q, k, v, pre)
             contiguous_out = False
         else:
             y = self._eager_core(q, k, v, pre)

@@ -1,0 +1,307 @@
+"""One plan's numbers for the vectorised evaluation: per rank its chunks' models (profiles extrapolated to their
+layers, data parallelism applied), the cost and offset tables of its schedule's graph, and the memory
+coefficients of its ranks' rows. `Caches` keeps what plans share (profiles, chunk models, structures,
+collective times), so a search pays for each once."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.explore.network_costs import NetworkCosts
+from simulator.explore.pipeline import (B_FIRST, B_LATER, B_SYNC, COORDS, DONE_B, DONE_W, F, M_B_FIRST, M_B_LATER,
+                                        M_F, M_W_FIRST, M_W_LATER, MTYPES, N_F, N_I, SLOTS, W_FIRST, W_LATER,
+                                        W_SYNC, Structure, build_structure, cost_table_size, offset_table_size,
+                                        transfer_slot)
+from simulator.explore.prepare import Prepared
+from simulator.explore.profiles import (FIRST, LAST, MIDDLE, PROFILE_MICROBATCHES, RECORDED_LAYERS, WHOLE,
+                                        ChunkProfile, ProfileKey, record)
+from simulator.explore.segments import Segment
+from simulator.explore.stage_model import ChunkModel, chunk_model
+from simulator.workload.graph import CATEGORIES
+
+
+@dataclass
+class Caches:
+    """Profiles, chunk models, schedule structures and network costs, shared by the plans of one estimate."""
+
+    profiles: dict = field(default_factory=dict)
+    chunks: dict = field(default_factory=dict)
+    structures: dict = field(default_factory=dict)
+    networks: dict = field(default_factory=dict)
+    op_times: dict = field(default_factory=dict)      # device -> timed_ops' cache
+    outputs: dict = field(default_factory=dict)
+    replays: dict = field(default_factory=dict)       # a rank's allocator replay (reserved.py)
+
+    def profile(self, key: ProfileKey) -> ChunkProfile:
+        found = self.profiles.get(key)
+        if found is None:
+            found = self.profiles[key] = record(key, self.op_times.setdefault(key.device, {}))
+        return found
+
+    def network(self, topology) -> NetworkCosts | None:
+        if topology is None:
+            return None
+        found = self.networks.get(id(topology))
+        if found is None or found.topology is not topology:
+            found = self.networks[id(topology)] = NetworkCosts(topology)
+        return found
+
+
+@dataclass(frozen=True)
+class RankNumbers:
+    """One rank (a stage's representative) of a plan."""
+
+    rank: int
+    start_bytes: int                     # allocated at the start of a measured iteration
+    persistent: dict                     # bytes per category of start_bytes
+    coefficients: np.ndarray             # (v * COORDS,) bytes per memory coordinate
+    excursions: np.ndarray               # (v * MTYPES,) each action type's own excursion
+    step_bytes: int                      # the level before the step above start_bytes (gradients)
+    step_excursion: int
+    compute_s: float                     # per iteration, actions and step
+    blocking_s: float                    # compute held by communication in actions and step
+    collectives_s: float                 # the blocking collectives' own seconds (without waits behind others)
+    phases: dict                         # seconds per time-breakdown key
+    model_flops: float
+    parameters: int
+    reductions_s: float                  # data-parallel reductions' seconds (overlapped)
+
+
+@dataclass(frozen=True)
+class PlanNumbers:
+    """A plan's inputs to the graph evaluation and the report."""
+
+    prepared: Prepared
+    structure: Structure
+    structure_key: tuple
+    costs: np.ndarray
+    offsets: np.ndarray
+    ranks: tuple[RankNumbers, ...]
+    chunks: dict = field(default_factory=dict)     # (stage, chunk) -> (ChunkModel, ChunkProfile, cache key)
+
+
+def _kind(span, pp: int) -> str:
+    if pp == 1:
+        return WHOLE
+    if span.has_embedding and not span.has_head:
+        return FIRST
+    if span.has_head and not span.has_embedding:
+        return LAST
+    return MIDDLE if not span.has_embedding else WHOLE
+
+
+def _recorded(layers: int, recompute: str) -> int:
+    if recompute.startswith("segments:"):
+        return layers                 # checkpoint_sequential's regions depend on the stage's layer count
+    return layers if layers <= RECORDED_LAYERS else RECORDED_LAYERS
+
+
+def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkProfile, tuple]:
+    """The chunk model of a stage span, its profile and its cache key."""
+    recipe = prepared.recipe
+    pp = prepared.plan.pp
+    kind = _kind(span, pp)
+    layers = span.stop - span.start
+    in_profile_dp = kind == WHOLE and recipe.dp > 1 and recipe.zero_stage >= 2
+    profile_recipe = dataclasses.replace(
+        recipe, accumulation_steps=PROFILE_MICROBATCHES,
+        dp=recipe.dp if in_profile_dp else 1, zero_stage=recipe.zero_stage if in_profile_dp else 0)
+    split = prepared.schedule.split_backward and pp > 1
+    stage_input = None
+    if kind in (MIDDLE, LAST):
+        stage_input = _stage_input(caches, prepared, profile_recipe)
+    key = ProfileKey(prepared.shape, profile_recipe, prepared.kernels, prepared.device, kind,
+                     _recorded(layers, recipe.recompute), split, stage_input)
+    chunk_key = (key, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes,
+                 recipe.accumulation_steps)
+    found = caches.chunks.get(chunk_key)
+    if found is None:
+        profile = caches.profile(key)
+        found = caches.chunks[chunk_key] = (chunk_model(
+            profile, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
+            prepared.device, caches.op_times.setdefault(prepared.device, {})), profile, chunk_key)
+    return found
+
+
+def _stage_input(caches: Caches, prepared: Prepared, recipe) -> tuple:
+    """(shape, dtype) of what a first stage sends on (every stage's input)."""
+    key = (prepared.shape, recipe, prepared.kernels, prepared.device)
+    found = caches.outputs.get(key)
+    if found is None:
+        first = ProfileKey(prepared.shape, recipe, prepared.kernels, prepared.device, FIRST, 1, False, None)
+        found = caches.outputs[key] = caches.profile(first).output
+    return found
+
+
+def _collectives_s(segment: Segment, groups: dict, network: NetworkCosts | None) -> float:
+    """Seconds of a segment's blocking collectives: `groups` maps an axis to (the rank's group, every group of
+    the axis in its stage)."""
+    if network is None or not segment.collectives:
+        return 0.0
+    return sum(count * network.collective_s(kind, groups[group][0], nbytes, groups[group][1])
+               for (group, kind, nbytes), count in segment.collectives)
+
+
+def _stage_groups(plan, stage: int, axis: str) -> tuple[tuple[int, ...], ...]:
+    """The groups of `axis` among the ranks of pipeline stage `stage` (they run the same collectives together)."""
+    members = set(plan.stage_ranks(stage))
+    return tuple(g for g in plan.groups(axis) if g[0] in members)
+
+
+def _shared_stream(model: ChunkModel, durations: list[float], groups, network) -> tuple[float, float]:
+    """pp = 1 puts data-parallel reductions and blocking tensor-parallel collectives on one communication stream
+    (lower_multi.lower_data_tensor_parallel): a tensor-parallel collective waits for the reductions posted before
+    it. Returns (the synchronising backward's seconds, seconds from its start until its reductions end), walking
+    its runs (a run's collectives taken at its start)."""
+    now = free = 0.0
+    by_run: dict[int, list[float]] = {}
+    for bucket, seconds in zip(model.buckets, durations):
+        by_run.setdefault(bucket.run, []).append(seconds)
+    for k, run in enumerate(model.backward_runs):
+        waited = _collectives_s(run, groups, network)
+        if waited:
+            now = max(now, free) + waited
+            free = now
+        now += run.compute_s
+        for seconds in by_run.get(k, ()):
+            free = max(free, now) + seconds
+    return now, free
+
+
+def _reduction_tail(buckets, durations, scale: float) -> float:
+    """Seconds from the synchronising action's start until its last reduction ends: bucket k starts when it is
+    ready (its last gradient landed; `scale` maps a backward's time to its W) and the previous one is done."""
+    end = 0.0
+    for bucket, seconds in zip(buckets, durations):
+        end = max(end, bucket.ready_s * scale) + seconds
+    return end
+
+
+def _pairs(plan, src: int, dst: int) -> tuple[tuple[int, int], ...]:
+    """(rank on stage src, the rank at the same dp and tp on stage dst) for every position of the stage."""
+    return tuple((plan.rank_of(dp=d, pp=src, tp=t), plan.rank_of(dp=d, pp=dst, tp=t))
+                 for d in range(plan.dp) for t in range(plan.tp))
+
+
+def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
+    """The plan's cost and offset tables and per-rank numbers."""
+    plan, schedule, recipe = prepared.plan, prepared.schedule, prepared.recipe
+    p, v = plan.pp, plan.virtual_stages
+    pp = p
+    network = caches.network(prepared.topology if prepared.multi else None)
+    found = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
+    chunks = {key: value[0] for key, value in found.items()}
+    every_sync = any(c.sync_every_backward for c in chunks.values())
+    reduces = plan.dp > 1 and not every_sync
+    tied = p > 1 and any(c.tied_embedding_grad_bytes for c in chunks.values())
+    skey = (schedule.name, tuple(schedule.ranks), p, v, schedule.microbatches, reduces, tied)
+    structure = caches.structures.get(skey)
+    if structure is None:
+        structure = caches.structures[skey] = build_structure(schedule, reduces=reduces, tied=tied)
+    costs = np.zeros(cost_table_size(structure))
+    offsets = np.zeros(offset_table_size(structure))
+    transfer_base = p * v * SLOTS
+    tail_base = transfer_base + 2 * p
+    ranks = []
+    reps = [plan.rank_of(dp=0, pp=s, tp=0) for s in range(p)]
+    for r in range(p):
+        rank = reps[r]
+        groups = {axis: (plan.group_of(rank, axis), _stage_groups(plan, r, axis)) for axis in ("tp", "dp")} \
+            if prepared.multi else {}
+        persistent = {c: 0 for c in CATEGORIES}
+        coefficients = np.zeros(v * COORDS)
+        excursions = np.zeros(v * MTYPES)
+        step_bytes = 0
+        step = Segment()
+        compute = blocking = collectives = reductions = flops = 0.0
+        phases: dict[str, float] = {}
+        parameters = 0
+        for c in range(v):
+            model = chunks[(r, c)]
+            for category, nbytes in model.persistent:
+                persistent[category] += nbytes
+            parameters += model.parameter_count
+            fwd, b_first, b_later = model.forward, model.backward_first, model.backward_later
+            w_first, w_later = model.weight_first, model.weight_later
+            base = c * COORDS
+            coefficients[base + N_F] = fwd.delta_bytes
+            coefficients[base + N_I] = fwd.delta_bytes + b_later.delta_bytes
+            coefficients[base + DONE_B] = b_first.delta_bytes - b_later.delta_bytes
+            if w_first is not None:
+                coefficients[base + DONE_W] = w_first.delta_bytes - w_later.delta_bytes
+            kinds = c * MTYPES
+            excursions[kinds + M_F] = fwd.excursion_bytes
+            excursions[kinds + M_B_FIRST] = b_first.excursion_bytes
+            excursions[kinds + M_B_LATER] = b_later.excursion_bytes
+            if w_first is not None:
+                excursions[kinds + M_W_FIRST] = w_first.excursion_bytes
+                excursions[kinds + M_W_LATER] = w_later.excursion_bytes
+            step_bytes += coefficients[base + DONE_B] + coefficients[base + DONE_W]
+            durations = [network.collective_s(b.kind, groups["dp"][0], b.nbytes, groups["dp"][1]) for b in model.buckets] \
+                if network is not None and plan.dp > 1 else [0.0] * len(model.buckets)
+            reductions += sum(durations)
+            by_slot = {F: fwd, B_FIRST: b_first, B_LATER: b_later, B_SYNC: b_later}
+            if w_first is not None:
+                by_slot.update({W_FIRST: w_first, W_LATER: w_later, W_SYNC: w_later})
+            counts = structure.action_counts[r, c]
+            shared = pp == 1 and plan.tp > 1 and plan.dp > 1 and model.buckets
+            if shared:
+                sync_s, reduced_s = _shared_stream(model, durations, groups, network)
+            for slot, segment in by_slot.items():
+                own = waited = _collectives_s(segment, groups, network)
+                extra = model.sync_extra_s if slot in (B_SYNC, W_SYNC) else 0.0
+                seconds = segment.compute_s + extra + waited
+                syncs = slot == B_SYNC or (every_sync and slot in (B_FIRST, B_LATER))
+                if shared and syncs:
+                    seconds = sync_s + (extra if slot == B_SYNC else 0.0) + (segment.compute_s - b_later.compute_s)
+                    waited = seconds - segment.compute_s - (extra if slot == B_SYNC else 0.0)
+                if every_sync and slot in (B_FIRST, B_LATER, B_SYNC):
+                    tail = reduced_s if shared else _reduction_tail(model.buckets, durations, 1.0)
+                    seconds = max(seconds, tail)
+                costs[r * v * SLOTS + c * SLOTS + slot] = seconds
+                n = int(counts[slot])
+                if n:
+                    compute += n * (segment.compute_s + extra)
+                    blocking += n * waited
+                    collectives += n * own
+                    flops += n * segment.model_flops
+                    for key, s in segment.phase_s:
+                        phases[key] = phases.get(key, 0.0) + n * s
+            if reduces:
+                sync_slot = W_SYNC if w_first is not None else B_SYNC
+                scale = 1.0
+                if w_first is not None and b_later.compute_s + w_later.compute_s > 0:
+                    scale = w_later.compute_s / (b_later.compute_s + w_later.compute_s)
+                offsets[2 * (r * v + c)] = sum(durations)
+                tail = reduced_s if shared else _reduction_tail(model.buckets, durations, scale)
+                offsets[2 * (r * v + c) + 1] = tail - costs[r * v * SLOTS + c * SLOTS + sync_slot]
+            step = step.then(model.step)
+        step_waited = _collectives_s(step, groups, network)
+        costs[tail_base + 2 * r + 1] = step.compute_s + step_waited
+        compute += step.compute_s
+        blocking += step_waited
+        collectives += step_waited
+        for key, s in step.phase_s:
+            phases[key] = phases.get(key, 0.0) + s
+        if tied and r in (0, p - 1):
+            size = max(chunks[(r, c)].tied_embedding_grad_bytes for c in range(v))
+            costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size,
+                                                            _pairs(plan, 0, p - 1))
+        persistent["other"] += chunks[(r, 0)].workspace_bytes      # one set of cuBLAS workspaces per rank
+        if network is not None and p > 1:
+            # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring),
+            # every (dp, tp) position of the stage sending to its own on the other.
+            last_chunk = chunks[(r, v - 1)]
+            after, before = (r + 1) % p, (r - 1) % p
+            costs[transfer_base + transfer_slot("activation", r)] = network.send_s(
+                rank, reps[after], last_chunk.output_bytes, _pairs(plan, r, after))
+            costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
+                rank, reps[before], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes,
+                _pairs(plan, r, before))
+        ranks.append(RankNumbers(rank, int(sum(persistent.values())), persistent, coefficients, excursions,
+                                 int(step_bytes), int(step.excursion_bytes), compute, blocking, collectives, phases, flops,
+                                 parameters, reductions))
+    return PlanNumbers(prepared, structure, skey, costs, offsets, tuple(ranks), found)

@@ -1,0 +1,221 @@
+"""The fast estimate: a run's report (the keys of `memsim run --json`, DESIGN.md) computed from the simulator's
+own models without simulating, for many plans at once.
+
+    from simulator.explore.estimate import estimate_reports
+    reports = estimate_reports([scenario_a, scenario_b])          # one dict per scenario, "estimate": True
+    reports = estimate_reports(scenarios, errors="return")        # a MemsimError in the slot of an invalid one
+
+How (docs/explore.md, "Estimate"): each plan is checked as `simulate` checks it (prepare.py); each pipeline
+chunk's ops come from a profile recorded with the real builders and extrapolated to its layers (profiles.py,
+segments.py), with data parallelism applied by data_parallel.py's functions (stage_model.py); collective and
+message times come from the network model (network_costs.py); the schedule's dependency graph is evaluated for
+all plans sharing it in one vectorised pass, and each rank's memory peak is the highest of its actions' levels
+(pipeline.py); reserved memory adds the caching allocator's overhead (reserved.py).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from simulator.errors import MemsimError
+from simulator.explore.assemble import Caches, PlanNumbers, numbers
+from simulator.explore.pipeline import SLOTS, build_structure, evaluate
+from simulator.explore.prepare import Prepared, prepare
+from simulator.explore.profiles import keeps_output
+from simulator.explore.reserved import Timing, replay_rank, replay_schedule
+from simulator.report.metrics import peak_flop_rate
+from simulator.scenario import Scenario
+from simulator.workload.graph import ACTIVATIONS, CATEGORIES
+
+_ERRORS = ("raise", "return")
+
+
+def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
+                     caches: Caches | None = None) -> list:
+    """Estimate the report of each scenario.
+
+    Args:
+        scenarios: the scenarios (any mix of models, plans and clusters; plans sharing a schedule's shape are
+            evaluated together).
+        errors: "raise": an invalid scenario raises the MemsimError `simulate` would raise for it (the first
+            in order); "return": that error object takes the scenario's place in the list.
+        caches: profiles, chunk models and collective times to reuse across calls (a search passes one).
+
+    Returns:
+        One report dict per scenario (or MemsimError with errors="return"), with "estimate": True.
+
+    Raises:
+        MemsimError: with errors="raise", the first invalid scenario's error; or errors is not allowed.
+    """
+    if errors not in _ERRORS:
+        raise MemsimError(f"estimate_reports: errors = {errors!r}: allowed: {', '.join(_ERRORS)}")
+    caches = Caches() if caches is None else caches
+    results: list = [None] * len(scenarios)
+    planned: list[tuple[int, PlanNumbers]] = []
+    for k, scenario in enumerate(scenarios):
+        try:
+            planned.append((k, numbers(caches, prepare(scenario))))
+        except MemsimError as error:
+            if errors == "raise":
+                raise
+            results[k] = error
+    groups: dict[tuple, list[tuple[int, PlanNumbers]]] = {}
+    for item in planned:
+        groups.setdefault(item[1].structure_key, []).append(item)
+    for items in groups.values():
+        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches)):
+            results[k] = report
+    return results
+
+
+def _replay_timing(caches: Caches, numbers_: PlanNumbers, schedule) -> list[Timing]:
+    """Per rank, when the actions of the replayed schedule run: its graph evaluated with the plan's costs."""
+    plan = numbers_.prepared.plan
+    skey = ("replay", schedule.name, tuple(schedule.ranks)) + numbers_.structure_key[2:]
+    structure = numbers_.structure if schedule is numbers_.prepared.schedule else caches.structures.get(skey)
+    if structure is None:
+        structure = caches.structures[skey] = build_structure(schedule, reduces=numbers_.structure_key[-2],
+                                                              tied=numbers_.structure_key[-1])
+    ends = evaluate(structure, numbers_.costs[None], numbers_.offsets[None])[0]
+    costs = np.concatenate([numbers_.costs, [0.0]])[structure.cost_index]
+    starts = ends - costs
+    actions_base = structure.p * structure.v * SLOTS
+    delivered: dict[int, float] = {}
+    for node in np.flatnonzero((structure.cost_index >= actions_base)
+                               & (structure.cost_index < actions_base + 2 * structure.p)):
+        producer = int(structure.preds[node, 1])
+        delivered[producer] = max(delivered.get(producer, 0.0), float(ends[node]))
+    per_rank = []
+    is_action = (structure.cost_index >= 0) & (structure.cost_index < actions_base)
+    owner = structure.cost_index // (structure.v * SLOTS)
+    period = float(ends[structure.rank_last[0]])
+    for r in range(plan.pp):
+        nodes = np.flatnonzero(is_action & (owner == r))
+        step = structure.rank_last[r]
+        per_rank.append(Timing(tuple((float(starts[n]), delivered.get(int(n), float(ends[n]))) for n in nodes),
+                               float(starts[step]), period))
+    return per_rank
+
+
+def _replayed(caches: Caches, numbers_: PlanNumbers) -> list[tuple[int, int, bool]]:
+    """Per rank (peak reserved, peak allocated, out of memory) from the allocator model (reserved.py)."""
+    prepared = numbers_.prepared
+    schedule = replay_schedule(prepared.schedule)
+    timings = _replay_timing(caches, numbers_, schedule)
+    allocator = prepared.scenario.allocator
+    out = []
+    for r in range(prepared.plan.pp):
+        actions = schedule.ranks[r]
+        chunks = {c: numbers_.chunks[(r, c)] for c in range(prepared.plan.virtual_stages)}
+        firsts: dict[int, int] = {}
+        for a in actions:
+            if a.kind in ("B", "I"):
+                firsts.setdefault(a.chunk, a.microbatch)
+        out.append(replay_rank(prepared.cluster.allocator_kind, allocator, prepared.cluster.allocator_capacity_bytes,
+                               {c: chunk[:2] for c, chunk in chunks.items()}, actions, firsts,
+                               keeps_output(prepared.recipe.framework), timings[r]))
+    return out
+
+
+def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
+    """Reports of plans that share one structure."""
+    structure = plans[0].structure
+    ends = evaluate(structure, np.stack([p.costs for p in plans]), np.stack([p.offsets for p in plans]))
+    peaks = []
+    for r in range(structure.p):
+        rows = structure.memory[r]
+        coefficients = np.stack([p.ranks[r].coefficients for p in plans])        # (plans, coords)
+        excursions = np.stack([p.ranks[r].excursions for p in plans])            # (plans, types)
+        levels = coefficients @ rows.coords.T.astype(float) + excursions[:, rows.types]
+        peaks.append(levels.max(axis=1))
+    return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)],
+                    _replayed(caches, plan))
+            for i, plan in enumerate(plans)]
+
+
+def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], replayed: list) -> dict:
+    prepared: Prepared = numbers_.prepared
+    structure = numbers_.structure
+    scenario, plan, recipe, device, cluster = (prepared.scenario, prepared.plan, prepared.recipe, prepared.device,
+                                                prepared.cluster)
+    iteration = float(ends[structure.rank_last[0]])
+    transfer_base = structure.p * structure.v * 7
+    ranks = []
+    warnings: list[str] = []
+    flops_total = 0.0
+    for r, rank in enumerate(numbers_.ranks):
+        recv_s = float(sum(structure.transfer_counts[r, s] * numbers_.costs[transfer_base + s]
+                           for s in range(2 * structure.p)))
+        send_s = float(sum(structure.sends[r, s] * numbers_.costs[transfer_base + s] for s in range(2 * structure.p)))
+        flush_s = float(ends[structure.rank_flush[r]] - ends[structure.rank_compute_end[r]])
+        tied_s = float(numbers_.costs[transfer_base + 2 * structure.p + 2 * r]) if structure.tied_node[r] >= 0 else 0.0
+        exposed = rank.blocking_s + recv_s + flush_s + tied_s
+        total = rank.collectives_s + recv_s + send_s + rank.reductions_s + tied_s
+        idle = max(0.0, iteration - rank.compute_s - exposed)
+        peak_allocated = max(rank.start_bytes + action_peaks[r],
+                             rank.start_bytes + rank.step_bytes + rank.step_excursion, rank.start_bytes)
+        peak_reserved, _, oom = replayed[r]
+        peak_reserved = max(int(peak_reserved), int(peak_allocated))
+        capacity = int(device.memory_bytes)
+        breakdown = {c: int(rank.persistent.get(c, 0)) for c in CATEGORIES}
+        breakdown[ACTIVATIONS] += int(peak_allocated - rank.start_bytes)
+        ranks.append({
+            "rank": rank.rank, "stage": r, "device": device.name,
+            "peak_allocated_bytes": int(peak_allocated), "peak_reserved_bytes": int(peak_reserved),
+            "capacity_bytes": capacity, "context_bytes": int(cluster.context_bytes), "oom": bool(oom),
+            "breakdown_at_peak": breakdown, "compute_s": rank.compute_s, "exposed_communication_s": exposed,
+            "idle_s": idle, "parameters": int(rank.parameters),
+            "communication_s": total,
+        })
+        flops_total += rank.model_flops
+        if oom:
+            warnings.append(f"stage {r}: estimated peak reserved {int(peak_reserved)} bytes exceeds the allocator's "
+                            f"{int(cluster.allocator_capacity_bytes)} bytes (out of memory)")
+    fits = all(not r["oom"] and r["peak_reserved_bytes"] + r["context_bytes"] <= r["capacity_bytes"] for r in ranks)
+    if fits and any(r["peak_reserved_bytes"] + r["context_bytes"] > 0.95 * r["capacity_bytes"] for r in ranks):
+        warnings.append("peak reserved memory is within 5% of the device capacity")
+    if scenario.parallel.zero_stage and scenario.parallel.dp == 1:
+        warnings.append("parallel.zero_stage has no effect with dp = 1 (nothing to shard across)")
+    if scenario.parallel.gradient_compression != "none":
+        warnings.append("the estimate leaves out parallel.gradient_compression (its collectives, codec and state): "
+                        "a simulation (memsim run, a sweep without --fast) includes them")
+    if scenario.training.skipped_steps_fraction > 0:
+        warnings.append("the estimate leaves out training.skipped_steps_fraction: a simulation averages the "
+                        "skipped steps in")
+    warnings += [w for w in plan.warnings if w not in warnings]
+    world = plan.dp * plan.tp * plan.pp
+    flops = flops_total * plan.tp * plan.dp
+    peak = peak_flop_rate(device, scenario.training.precision)
+    busiest = max(range(len(ranks)), key=lambda k: (ranks[k]["compute_s"], -k))
+    tokens = recipe.micro_batch_size * recipe.accumulation_steps * plan.dp * scenario.model.seq_length
+    head = numbers_.ranks[0]
+    phases = {key: head.phases.get(key, 0.0) for key in ("forward_s", "backward_s", "recompute_s", "optimizer_s")}
+    report = {
+        "scenario": scenario.name,
+        "estimate": True,
+        "fits": bool(fits),
+        "iteration_time_s": iteration,
+        "tokens_per_s": tokens / iteration if iteration > 0 else 0.0,
+        "model_flops_per_iteration": flops,
+        "mfu": flops / iteration / (peak * world) if iteration > 0 else 0.0,
+        "bubble_fraction": ranks[busiest]["idle_s"] / iteration if iteration > 0 and prepared.multi else 0.0,
+        "communication": {"total_s": max(r["communication_s"] for r in ranks),
+                          "exposed_s": max(r["exposed_communication_s"] for r in ranks)},
+        "ranks": ranks,
+        "warnings": warnings,
+        "device": device.name,
+        "precision": scenario.training.precision,
+        "framework": scenario.training.framework,
+        "allocator": cluster.allocator_kind,
+        "time_breakdown": {**phases, "exposed_communication_s": ranks[0]["exposed_communication_s"],
+                           "idle_s": ranks[0]["idle_s"]},
+        "parallel": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "virtual_stages": plan.virtual_stages,
+                     "schedule": scenario.parallel.schedule, "world_size": world},
+        "stages": [{"stage": span.stage, "chunk": span.chunk, "layers": [span.start, span.stop]}
+                   for span in plan.stages],
+    }
+    for r in ranks:
+        del r["communication_s"]
+    return report

@@ -1,0 +1,106 @@
+"""Seconds of the collectives and messages of a plan's representative ranks, from the network model
+(network/collectives.py: NCCL's algorithm choice and latencies, flows on the topology's links sharing them
+max-min fairly), each (kind, groups, size) computed once per topology.
+
+A simulated stage representative's collective runs together with the same collective of every other group of its
+stage (the engine's shadows, docs/engine.md "Symmetry"): when those groups share no link it takes
+`collective_time_s`; when they do (two data-parallel groups through one PCIe uplink), the groups' schedules are run
+together on one FlowNetwork, as the engine runs them, and the representative's finishing time is taken.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from simulator.network.collectives import collective_time_s, lower_collective
+from simulator.network.flows import FlowNetwork
+from simulator.network.topology import Topology
+
+
+class NetworkCosts:
+    """Collective and message times on one topology, remembered per (kind, groups, bytes)."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self._seen: dict[tuple, float] = {}
+
+    def collective_s(self, kind: str, group: tuple[int, ...], size_bytes: float,
+                     together: tuple[tuple[int, ...], ...] = ()) -> float:
+        """Seconds of one `kind` collective over the GPUs `group` (0 for one GPU), while the same collective runs
+        over each group of `together` (the other groups of its stage)."""
+        if len(group) <= 1 or size_bytes <= 0:
+            return 0.0
+        others = tuple(g for g in together if g != group)
+        key = (kind, group, float(size_bytes), others)
+        seconds = self._seen.get(key)
+        if seconds is None:
+            seconds = self._seen[key] = self._time(kind, group, float(size_bytes), others)
+        return seconds
+
+    def send_s(self, src: int, dst: int, size_bytes: float,
+               together: tuple[tuple[int, int], ...] = ()) -> float:
+        """Seconds of a point-to-point message from GPU `src` to GPU `dst` (one direct flow and NCCL's p2p
+        latency, as the engine lowers a Send), while the messages `together` move (the stage's other pairs)."""
+        if src == dst or size_bytes <= 0:
+            return 0.0
+        return self.collective_s("send", (src, dst), size_bytes, together)
+
+    def _time(self, kind: str, group: tuple[int, ...], size_bytes: float, others: tuple) -> float:
+        alone = collective_time_s(self.topology, kind, group, size_bytes)
+        if not others:
+            return alone
+        schedules = [lower_collective(self.topology, kind, g, size_bytes) for g in (group,) + others]
+        used = [self._resources(s) for s in schedules]
+        if not any(used[0] & u for u in used[1:]):
+            return alone          # flows on disjoint links do not interact under max-min sharing
+        return _run_together(self.topology, schedules)
+
+    def _resources(self, schedule) -> set[int]:
+        return {resource for phase in schedule.phases for flow in phase.flows
+                for resource, _ in self.topology.route(flow.src, flow.dst).resources}
+
+
+def _run_together(topology: Topology, schedules) -> float:
+    """Run collective schedules from time 0 on one FlowNetwork (each phase after its latency, once the previous
+    phase's flows are all delivered); returns when the first schedule's last phase ends."""
+    network = FlowNetwork(topology)
+    phase = [0] * len(schedules)
+    pending: list[set[int]] = [set() for _ in schedules]
+    owner: dict[int, int] = {}
+    starts = [(s.phases[0].latency_s, i) for i, s in enumerate(schedules) if s.phases]
+    heapq.heapify(starts)
+    finished = {i: 0.0 for i, s in enumerate(schedules) if not s.phases}
+
+    def delivered(ids) -> None:
+        for flow_id in ids:
+            i = owner.pop(flow_id)
+            pending[i].discard(flow_id)
+            if not pending[i]:
+                _next(i)
+
+    def _next(i: int) -> None:
+        phase[i] += 1
+        if phase[i] < len(schedules[i].phases):
+            heapq.heappush(starts, (network.now_s + schedules[i].phases[phase[i]].latency_s, i))
+        else:
+            finished[i] = network.now_s
+
+    while 0 not in finished:
+        next_start = starts[0][0] if starts else math.inf
+        next_flow = network.next_event_s()
+        next_flow = math.inf if next_flow is None else next_flow
+        if next_start == math.inf and next_flow == math.inf:
+            break
+        if next_start <= next_flow:
+            at, i = heapq.heappop(starts)
+            delivered(network.advance_ids(at))
+            flows = schedules[i].phases[phase[i]].flows
+            ids = network.start_many(flows, with_latency=False)
+            pending[i] = set(ids)
+            owner.update((flow_id, i) for flow_id in ids)
+            if not pending[i]:
+                _next(i)
+        else:
+            delivered(network.advance_ids(next_flow))
+    return finished.get(0, network.now_s)

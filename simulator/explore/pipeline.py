@@ -1,0 +1,300 @@
+"""A pipeline schedule's structure as arrays — the dependency graph a simulated run follows and, per rank, the
+micro-batches in flight before each action — and its evaluation over many plans at once with numpy.
+
+The graph is the one the lowering builds (parallel/lower_multi.py) and the engine runs: each rank's compute
+stream runs its schedule's actions in order; a received tensor's recv is posted right before the action that
+needs it, so its transfer starts when the sender has produced it, the receiver has posted, and the sender's
+previous send of that kind is done (sends of one kind share a stream), and takes the message's time; after the
+last action the rank waits for its data-parallel reductions (posted during each chunk's last backward, queued
+on one stream), the end stages all_reduce a tied embedding's gradient, and the optimizer steps. Every node ends
+at max(end of each predecessor + an offset) + its cost; nodes are grouped into levels (a node's level is one
+more than its predecessors'), and each level is one vectorised step over every plan sharing the structure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.parallel.schedule_check import CommStep, program
+from simulator.parallel.schedules import Action, Schedule
+
+# Action cost slots per (rank, chunk): F; B (or I) of the chunk's first backward, a later one, its last one
+# (which reduces gradients); W likewise.
+F, B_FIRST, B_LATER, B_SYNC, W_FIRST, W_LATER, W_SYNC = range(7)
+SLOTS = 7
+# Memory coordinates per chunk: micro-batches after F before B/I; after I before W; first B/I done; first W done.
+N_F, N_I, DONE_B, DONE_W = range(4)
+COORDS = 4
+# Memory action types per chunk (what the action's own excursion is): F, B/I first, B/I later, W first, W later.
+M_F, M_B_FIRST, M_B_LATER, M_W_FIRST, M_W_LATER = range(5)
+MTYPES = 5
+
+
+@dataclass(frozen=True)
+class MemoryRows:
+    """One rank's actions as (memory type index = chunk * MTYPES + type, coordinates before it), deduplicated:
+    the allocated level before an action is the start level plus coordinates . per-coordinate bytes."""
+
+    types: np.ndarray          # (rows,) int
+    coords: np.ndarray         # (rows, v * COORDS) int
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The dependency graph of one iteration of a schedule, and each rank's memory rows.
+
+    Node arrays (one entry per node): `cost_index` into a plan's cost table (actions: rank * v * SLOTS +
+    chunk * SLOTS + slot; transfers: TRANSFER_BASE + transfer slot; tails: TAIL_BASE + ...), `preds` (nodes,
+    3) with -1 for none, `offset_index` (nodes, 3) into a plan's offset table (-1: offset 0); `levels` the node
+    ids of each level. `rank_last` is each rank's final node (its optimizer step); `recv_count[r]` the
+    receives of rank r (each exposes its transfer); `action_counts[r]` (v, SLOTS) how many actions of each slot.
+    """
+
+    p: int
+    v: int
+    m: int
+    split: bool
+    n_nodes: int
+    cost_index: np.ndarray
+    preds: np.ndarray
+    offset_index: np.ndarray
+    levels: tuple[np.ndarray, ...]
+    rank_last: np.ndarray
+    rank_flush: np.ndarray          # each rank's node after its data-parallel wait
+    rank_compute_end: np.ndarray    # each rank's last action node
+    tied_node: np.ndarray           # each rank's tied-embedding all_reduce node (-1 if none)
+    transfer_counts: np.ndarray     # (p, n transfer slots): messages of each slot a rank receives
+    sends: np.ndarray               # (p, n transfer slots): messages of each slot a rank sends
+    action_counts: np.ndarray       # (p, v, SLOTS)
+    memory: tuple[MemoryRows, ...]
+    sync_nodes: tuple[tuple[int, ...], ...]   # per rank, per chunk: the node of its synchronising backward
+
+
+def transfer_slot(kind: str, src: int) -> int:
+    """A message's cost slot: activations from rank src to the next, gradients from src to the previous."""
+    return 2 * src + (0 if kind == "activation" else 1)
+
+
+def _slots(schedule: Schedule, rank: int) -> list[int]:
+    """Each action's cost slot on `rank` (first / later / last backward per chunk)."""
+    actions = schedule.ranks[rank]
+    first_b: dict[int, int] = {}
+    last_b: dict[int, int] = {}
+    first_w: dict[int, int] = {}
+    last_w: dict[int, int] = {}
+    for k, a in enumerate(actions):
+        if a.kind in ("B", "I"):
+            first_b.setdefault(a.chunk, k)
+            last_b[a.chunk] = k
+        if a.kind == "W":
+            first_w.setdefault(a.chunk, k)
+            last_w[a.chunk] = k
+    split = any(a.kind == "I" for a in actions)
+    slots = []
+    for k, a in enumerate(actions):
+        if a.kind == "F":
+            slots.append(F)
+        elif a.kind in ("B", "I"):
+            # With a split, the reductions run with the last W; a B on a split chunk is I then W (first W of
+            # its own micro-batch): its slot is the backward's.
+            sync = (k == last_b[a.chunk]) and not split
+            slots.append(B_SYNC if sync else B_FIRST if k == first_b[a.chunk] else B_LATER)
+        else:
+            slots.append(W_SYNC if k == last_w[a.chunk] else W_FIRST if k == first_w[a.chunk] else W_LATER)
+    return slots
+
+
+def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
+    v = schedule.virtual_stages
+    state = np.zeros(v * COORDS, dtype=np.int64)
+    seen: dict[tuple, None] = {}
+    for a in schedule.ranks[rank]:
+        c = a.chunk
+        base = c * COORDS
+        if a.kind == "F":
+            kind = M_F
+        elif a.kind in ("B", "I"):
+            kind = M_B_LATER if state[base + DONE_B] else M_B_FIRST
+        else:
+            kind = M_W_LATER if state[base + DONE_W] else M_W_FIRST
+        seen.setdefault((c * MTYPES + kind,) + tuple(int(x) for x in state), None)
+        if a.kind == "F":
+            state[base + N_F] += 1
+        elif a.kind == "B":
+            state[base + N_F] -= 1
+            state[base + DONE_B] = 1
+        elif a.kind == "I":
+            state[base + N_F] -= 1
+            state[base + N_I] += 1
+            state[base + DONE_B] = 1
+        else:
+            state[base + N_I] -= 1
+            state[base + DONE_W] = 1
+    rows = np.array(list(seen), dtype=np.int64).reshape(len(seen), 1 + v * COORDS)
+    return MemoryRows(rows[:, 0].copy(), rows[:, 1:].copy())
+
+
+class _Graph:
+    """Nodes under construction: cost slot, predecessors and offset slots (lists, patched in place)."""
+
+    def __init__(self) -> None:
+        self.cost: list[int] = []
+        self.preds: list[list[int]] = []
+        self.offsets: list[list[int]] = []
+
+    def add(self, cost: int, preds: tuple[int, ...], offsets: tuple[int, ...] = ()) -> int:
+        self.cost.append(cost)
+        self.preds.append(list(preds) + [-1] * (3 - len(preds)))
+        self.offsets.append(list(offsets) + [-1] * (3 - len(offsets)))
+        return len(self.cost) - 1
+
+
+def build_structure(schedule: Schedule, *, reduces: bool, tied: bool) -> Structure:
+    """The graph of `schedule` (validated, with chunks filled in).
+
+    `reduces`: data-parallel reductions during each chunk's last backward (dp > 1); `tied`: the end stages
+    all_reduce a tied embedding's gradient before the step (pp > 1 with tied embeddings).
+
+    Cost table of a plan (`cost_table_size`): actions, then a message time per transfer slot, then per rank its
+    tied all_reduce and its step. Offset table: per (rank, chunk) the reduction queue's length and the tail its
+    reductions add after the synchronising node's end.
+    """
+    p, v, m = schedule.num_ranks, schedule.virtual_stages, schedule.microbatches
+    lowered = program(schedule)
+    transfer_base = p * v * SLOTS
+    tail_base = transfer_base + 2 * p
+    graph = _Graph()
+    node_of: dict[tuple[int, str, int], int] = {}       # (stage, kind, microbatch) -> action node
+    recvs: list[tuple[int, CommStep]] = []
+    transfer_counts = np.zeros((p, 2 * p), dtype=np.int64)
+    sends = np.zeros((p, 2 * p), dtype=np.int64)
+    action_counts = np.zeros((p, v, SLOTS), dtype=np.int64)
+    sync_nodes = [[-1] * v for _ in range(p)]
+    last = [-1] * p
+    for rank in range(p):
+        slots = iter(_slots(schedule, rank))
+        for step in lowered[rank]:
+            if isinstance(step, CommStep):
+                slot = transfer_slot(step.transfer.kind, step.transfer.src_rank)
+                if step.op == "recv":
+                    last[rank] = graph.add(transfer_base + slot, (last[rank],))
+                    recvs.append((last[rank], step))
+                    transfer_counts[rank, slot] += 1
+                else:
+                    sends[rank, slot] += 1
+                continue
+            slot = next(slots)
+            node = graph.add(rank * v * SLOTS + step.chunk * SLOTS + slot, (last[rank],))
+            node_of[step.key] = node
+            action_counts[rank, step.chunk, slot] += 1
+            if slot in (B_SYNC, W_SYNC):
+                sync_nodes[rank][step.chunk] = node
+            last[rank] = node
+    compute_end = list(last)
+    # A recv waits for its producer and for the sender's previous send of that kind (one stream per kind),
+    # which the sender posts in the order it produces them.
+    by_sender: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for node, step in recvs:
+        t = step.transfer
+        producer = node_of[t.producer.key]
+        graph.preds[node][1] = producer
+        by_sender.setdefault((t.src_rank, t.kind), []).append((producer, node))
+    for items in by_sender.values():
+        items.sort()                       # a rank's action nodes are numbered in its order
+        for (_, before), (_, node) in zip(items, items[1:]):
+            graph.preds[node][2] = before
+    flush = [-1] * p
+    for rank in range(p):
+        if reduces:
+            queue = -1
+            for node, chunk in sorted((n, c) for c, n in enumerate(sync_nodes[rank]) if n >= 0):
+                slot = 2 * (rank * v + chunk)
+                queue = graph.add(-1, (queue, node), (slot, slot + 1))
+            if queue >= 0:
+                last[rank] = graph.add(-1, (last[rank], queue))
+        flush[rank] = last[rank]
+    tied_node = [-1] * p
+    if tied and p > 1:
+        for rank in (0, p - 1):
+            tied_node[rank] = last[rank] = graph.add(tail_base + 2 * rank, (flush[0], flush[p - 1]))
+    step_node = [graph.add(tail_base + 2 * rank + 1, (last[rank],)) for rank in range(p)]
+    preds = np.array(graph.preds, dtype=np.int64)
+    return Structure(
+        p=p, v=v, m=m, split=schedule.split_backward, n_nodes=len(graph.cost),
+        cost_index=np.array(graph.cost, dtype=np.int64), preds=preds,
+        offset_index=np.array(graph.offsets, dtype=np.int64), levels=_levels(preds),
+        rank_last=np.array(step_node), rank_flush=np.array(flush), rank_compute_end=np.array(compute_end),
+        tied_node=np.array(tied_node), transfer_counts=transfer_counts, sends=sends, action_counts=action_counts,
+        memory=tuple(_memory_rows(schedule, r) for r in range(p)),
+        sync_nodes=tuple(tuple(row) for row in sync_nodes))
+
+
+def cost_table_size(structure: Structure) -> int:
+    """Entries of a plan's cost table for `structure` (build_structure)."""
+    return structure.p * structure.v * SLOTS + 2 * structure.p + 2 * structure.p
+
+
+def offset_table_size(structure: Structure) -> int:
+    """Entries of a plan's offset table for `structure`."""
+    return 2 * structure.p * structure.v
+
+
+def _levels(preds: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Node ids grouped by level (1 + the highest level of a predecessor); nodes only follow their
+    predecessors' ids within a rank, so levels are found by relaxing until nothing changes."""
+    n = len(preds)
+    level = np.zeros(n, dtype=np.int64)
+    order = _topological(preds)
+    for node in order:
+        best = -1
+        for q in preds[node]:
+            if q >= 0 and level[q] > best:
+                best = level[q]
+        level[node] = best + 1
+    return tuple(np.flatnonzero(level == k) for k in range(int(level.max()) + 1)) if n else ()
+
+
+def _topological(preds: np.ndarray) -> list[int]:
+    """A topological order of the nodes (Kahn's algorithm, smallest id first among the ready ones)."""
+    import heapq
+
+    n = len(preds)
+    waiting = np.zeros(n, dtype=np.int64)
+    successors: list[list[int]] = [[] for _ in range(n)]
+    for node in range(n):
+        for q in preds[node]:
+            if q >= 0:
+                waiting[node] += 1
+                successors[q].append(node)
+    ready = [node for node in range(n) if waiting[node] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        node = heapq.heappop(ready)
+        order.append(node)
+        for s in successors[node]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, s)
+    return order
+
+
+def evaluate(structure: Structure, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """End time of every node for every plan: `costs` (plans, cost_table_size), `offsets` (plans,
+    offset_table_size); returns (plans, nodes). A node with cost slot -1 costs nothing."""
+    plans = costs.shape[0]
+    padded_costs = np.concatenate([costs, np.zeros((plans, 1))], axis=1)
+    padded_offsets = np.concatenate([offsets, np.zeros((plans, 1))], axis=1)
+    node_cost = padded_costs[:, structure.cost_index]              # -1 -> the zero column
+    end = np.full((plans, structure.n_nodes + 1), 0.0)              # column n: "no predecessor", time 0
+    end[:, -1] = 0.0
+    preds = np.where(structure.preds >= 0, structure.preds, structure.n_nodes)
+    offset_index = structure.offset_index
+    for nodes in structure.levels:
+        start = end[:, preds[nodes, 0]] + padded_offsets[:, offset_index[nodes, 0]]
+        for k in (1, 2):
+            np.maximum(start, end[:, preds[nodes, k]] + padded_offsets[:, offset_index[nodes, k]], out=start)
+        end[:, nodes] = start + node_cost[:, nodes]
+    return end[:, :-1]

@@ -1,0 +1,80 @@
+"""A scenario checked and resolved the way `simulate` does it, up to the point where a simulation would build
+its programs: the same functions in the same order, so an invalid plan raises the same one-line MemsimError."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from simulator.api import _check_plan, kernel_profile, load_topology_for, model_shape, multi_recipe, recipe_for
+from simulator.hardware.catalog import DeviceSpec
+from simulator.parallel.plan import ParallelPlan, make_plan
+from simulator.parallel.schedule_check import load_schedule
+from simulator.parallel.schedules import Schedule, by_name
+from simulator.scenario import Scenario
+from simulator.topology import Cluster, resolve_cluster
+from simulator.workload.primitives import KernelProfile
+from simulator.workload.training import Recipe, _check_data_parallel
+from simulator.workload.transformer import Shape
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the estimate needs of one valid scenario."""
+
+    scenario: Scenario
+    cluster: Cluster
+    device: DeviceSpec
+    plan: ParallelPlan
+    recipe: Recipe
+    schedule: Schedule
+    shape: Shape
+    kernels: KernelProfile
+    multi: bool                  # dp * tp * pp > 1 (the report has the multi-rank keys)
+
+    @property
+    def topology(self):
+        return self.cluster.topology
+
+
+def prepare(scenario: Scenario) -> Prepared:
+    """Check `scenario` as `simulate(scenario)` does and resolve its cluster, plan, recipe and schedule.
+
+    Raises:
+        MemsimError: the error `simulate(scenario)` raises for it (same message).
+    """
+    p = scenario.parallel
+    multi = p.dp * p.tp * p.pp > 1
+    if multi:
+        _check_plan(scenario, multi=True)
+    else:
+        _check_plan(scenario)
+    cluster = resolve_cluster(scenario)
+    device = cluster.device
+    if not multi:
+        recipe = recipe_for(scenario, device)
+        plan = ParallelPlan(dp=1, tp=1, pp=1, stages=_one_stage(scenario))
+        schedule = by_name("1f1b", 1, recipe.accumulation_steps)
+        return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario),
+                        kernel_profile(device), False)
+    if cluster.topology is None:
+        _check_plan(scenario)
+    topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
+    plan = make_plan(scenario, topology)
+    recipe = multi_recipe(scenario, device)
+    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    if p.pp == 1:
+        _check_data_parallel(recipe)       # what build_iteration checks first (pp > 1: _check_plan did)
+    return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario), kernel_profile(device),
+                    True)
+
+
+def _one_stage(scenario: Scenario):
+    from simulator.parallel.partition import partition_layers
+
+    return partition_layers(scenario.model.num_layers, 1, 1)
+
+
+def with_recipe(prepared: Prepared, **changes) -> Prepared:
+    """`prepared` with recipe fields replaced (profiles record fewer micro-batches)."""
+    return dataclasses.replace(prepared, recipe=dataclasses.replace(prepared.recipe, **changes))

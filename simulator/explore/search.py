@@ -1,0 +1,242 @@
+"""Plan search: every plan of candidates.AXES for a scenario's model and global batch on N GPUs, checked as a run
+checks it, estimated (estimate.py), and the best K verified by the full simulation.
+
+    from simulator.explore.search import search_plans
+    found = search_plans(scenario, gpus=1024, topology="dgx-a100")
+    found.verified[0].report          # the simulated report of the fastest plan that fits
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from simulator.errors import MemsimError, ScenarioError, TopologyError
+from simulator.explore.assemble import Caches
+from simulator.explore.candidates import AXES, Axis, Context, Settings, enumerate_plans, overrides
+from simulator.explore.estimate import estimate_reports
+from simulator.scenario import Scenario
+from simulator.scenario.loader import read_scenario_document, scenario_from_dict
+
+INVALID, NO_FIT, FITS = "invalid", "does-not-fit", "fits"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan: its settings, and its estimate or why it was set aside.
+
+    Attributes:
+        settings: (scenario key, value) pairs, e.g. (("parallel.tp", 8), ...); `overrides` gives them as
+            `memsim run --set` arguments.
+        verdict: INVALID (a run refuses it: `reason` is the one-line error), NO_FIT (the estimate does not fit:
+            `reason` says by how much), FITS.
+        estimate: the estimated report (None when invalid).
+        reason: why it was set aside, or None.
+    """
+
+    settings: Settings
+    verdict: str
+    estimate: dict | None = None
+    reason: str | None = None
+
+    @property
+    def overrides(self) -> list[str]:
+        return overrides(self.settings)
+
+    @property
+    def label(self) -> str:
+        """The settings in short: tp8 pp16 dp8 mb1 1f1b v1 full zero1 sp."""
+        s = dict(self.settings)
+        parts = [f"tp{s.get('parallel.tp')}", f"pp{s.get('parallel.pp')}", f"dp{s.get('parallel.dp')}",
+                 f"mb{s.get('training.micro_batch_size')}", str(s.get("parallel.schedule"))]
+        if s.get("parallel.virtual_stages", 1) != 1:
+            parts.append(f"v{s['parallel.virtual_stages']}")
+        parts += [f"rc-{s.get('training.recompute')}", f"zero{s.get('parallel.zero_stage')}"]
+        if s.get("parallel.sequence_parallel"):
+            parts.append("sp")
+        for key, value in self.settings:
+            if key not in _LABELLED:
+                parts.append(f"{key.split('.')[-1]}={value}")
+        return " ".join(parts)
+
+
+_LABELLED = {"parallel.tp", "parallel.pp", "parallel.dp", "training.micro_batch_size", "parallel.schedule",
+             "parallel.virtual_stages", "training.recompute", "parallel.zero_stage", "parallel.sequence_parallel"}
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A top candidate run through the full simulation: its report, or the error the run raised."""
+
+    candidate: Candidate
+    report: dict | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """The outcome of `search_plans`.
+
+    Attributes:
+        scenario: the scenario's name; gpus, topology, nodes: the cluster searched.
+        candidates: every enumerated plan, in enumeration order.
+        ranked: the candidates that fit, fastest estimate first.
+        verified: the best `top_k` of `ranked`, simulated, ordered by the simulation (fitting first, then
+            iteration time); empty without verification.
+        pruned: (reason, count) for the candidates set aside: each rule a run refuses, and "does not fit".
+        seconds: (phase, seconds): enumerate, estimate, verify.
+    """
+
+    scenario: str
+    gpus: int
+    topology: str
+    nodes: int
+    candidates: tuple[Candidate, ...]
+    ranked: tuple[Candidate, ...]
+    verified: tuple[Verified, ...]
+    pruned: tuple[tuple[str, int], ...]
+    seconds: tuple[tuple[str, float], ...]
+
+    @property
+    def best(self) -> Verified | None:
+        """The fastest verified plan that fits (None if none)."""
+        return next((v for v in self.verified if v.report is not None and v.report["fits"]), None)
+
+
+class InProcess:
+    """The default executor: `map` runs in this process, in order."""
+
+    def map(self, fn: Callable, items: Iterable) -> list:
+        return [fn(item) for item in items]
+
+
+def simulate_candidate(job: tuple[dict, str, list[str]]) -> dict:
+    """Simulate one candidate (document, source, overrides) and return its report (timelines off: the report is
+    the same). A module-level function so that process-pool and Dask executors can ship it."""
+    from simulator.api import simulate
+
+    document, source, settings = job
+    return simulate(scenario_from_dict(document, source, settings), timelines=False).report
+
+
+def _document(scenario: Scenario | str | os.PathLike) -> tuple[dict, str]:
+    source = scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source
+    source = os.fspath(source)
+    if not os.path.isfile(source):
+        raise ScenarioError(f"{source}: plan search needs the scenario's file (its candidates are that file with "
+                            f"--set overrides, checked as `memsim run` checks them)")
+    return read_scenario_document(source), source
+
+
+def _rule(message: str, source: str) -> str:
+    """An error message without its file prefix: the rule, to count candidates by."""
+    prefix = f"{source}: "
+    return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def _shortfall(report: dict) -> str:
+    worst = max(report["ranks"], key=lambda r: r["peak_reserved_bytes"] + r["context_bytes"] - r["capacity_bytes"])
+    need = worst["peak_reserved_bytes"] + worst["context_bytes"]
+    return (f"does not fit: stage {worst['stage']} needs {need / 2**30:.1f} GiB of {worst['capacity_bytes'] / 2**30:.1f}"
+            f" GiB ({(need - worst['capacity_bytes']) / 2**30:+.1f} GiB)")
+
+
+def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology: str, nodes: int | None = None,
+                 top_k: int = 10, verify: bool = True, executor=None,
+                 progress: Callable[[str, int, int], None] | None = None,
+                 axes: Sequence[Axis] = AXES) -> PlanSearch:
+    """Search the plans of `axes` for the scenario's model and global batch on `gpus` GPUs of `topology`.
+
+    Args:
+        scenario: a Scenario loaded from a file, or the file's path (candidates are the file with overrides).
+        gpus: GPUs in all; a multiple of the topology's GPUs per node.
+        topology: a topology name from topologies/ (or a path).
+        nodes: servers (default gpus / GPUs per node; must agree with gpus).
+        top_k: how many of the fastest fitting estimates to verify.
+        verify: run the full simulation on the top_k.
+        executor: an object with `map(fn, items)` (e.g. a process pool); default: this process.
+        progress: called as progress(phase, done, total) while it works.
+        axes: the plan axes (candidates.AXES).
+
+    Raises:
+        MemsimError: an unknown topology, gpus not a multiple of its node, nodes disagreeing, no candidate
+            valid, top_k < 1.
+    """
+    from simulator.network.topology import load_topology
+
+    clock = time.perf_counter()
+    document, source = _document(scenario)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise MemsimError(f"--gpus = {gpus!r}: must be a whole number of GPUs >= 1")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise MemsimError(f"--top = {top_k!r}: must be a whole number >= 1")
+    try:
+        one = load_topology(topology, nodes=1)
+    except TopologyError as error:
+        raise TopologyError(f"--topology = {topology!r}: {error}") from None
+    per_node = one.gpus_per_node
+    if gpus % per_node:
+        raise MemsimError(f"--gpus = {gpus}: must be a multiple of the {per_node} GPUs per node of {topology!r}")
+    if nodes is None:
+        nodes = gpus // per_node
+    elif nodes * per_node != gpus:
+        raise MemsimError(f"--nodes = {nodes}: {nodes} x {per_node} GPUs per node of {topology!r} is not --gpus = {gpus}")
+    base = scenario_from_dict(document, source, [f'cluster.topology="{topology}"', f"cluster.nodes={nodes}"])
+    model = base.model
+    context = Context(gpus, per_node, model.num_layers, model.num_attention_heads, model.num_kv_heads,
+                      base.training.global_batch_size, base.training.framework)
+    fixed = [f'cluster.topology="{topology}"', f"cluster.nodes={nodes}"]
+    settings_list = list(enumerate_plans(axes, context))
+    candidates: list[Candidate | None] = [None] * len(settings_list)
+    scenarios, where = [], []
+    for k, settings in enumerate(settings_list):
+        try:
+            scenarios.append(scenario_from_dict(document, source, fixed + overrides(settings)))
+            where.append(k)
+        except MemsimError as error:
+            candidates[k] = Candidate(settings, INVALID, reason=_rule(str(error), source))
+        if progress is not None and k % 500 == 0:
+            progress("enumerate", k, len(settings_list))
+    enumerated = time.perf_counter()
+    estimates = estimate_reports(scenarios, errors="return", caches=Caches())
+    for k, estimate in zip(where, estimates):
+        settings = settings_list[k]
+        if isinstance(estimate, MemsimError):
+            candidates[k] = Candidate(settings, INVALID, reason=_rule(str(estimate), source))
+        elif not estimate["fits"]:
+            candidates[k] = Candidate(settings, NO_FIT, estimate, _shortfall(estimate))
+        else:
+            candidates[k] = Candidate(settings, FITS, estimate)
+    if progress is not None:
+        progress("estimate", len(scenarios), len(scenarios))
+    estimated = time.perf_counter()
+    done = tuple(c for c in candidates if c is not None)
+    if not any(c.verdict != INVALID for c in done):
+        reasons = sorted({c.reason for c in done})
+        raise MemsimError(f"{source}: no valid plan on {gpus} GPUs of {topology!r} ({len(done)} candidates; "
+                          f"e.g. {reasons[0] if reasons else 'none enumerated'})")
+    ranked = tuple(c for _, _, c in sorted((c.estimate["iteration_time_s"], k, c) for k, c in enumerate(done)
+                                           if c.verdict == FITS))
+    verified: tuple[Verified, ...] = ()
+    if verify and ranked:
+        top = ranked[:top_k]
+        jobs = [(document, source, fixed + c.overrides) for c in top]
+        runner = executor if executor is not None else InProcess()
+        results = []
+        for candidate, report in zip(top, runner.map(simulate_candidate, jobs)):
+            results.append(Verified(candidate, report))
+            if progress is not None:
+                progress("verify", len(results), len(top))
+        verified = tuple(sorted(results, key=lambda v: (not v.report["fits"], v.report["iteration_time_s"])))
+    counts: dict[str, int] = {}
+    for c in done:
+        if c.verdict != FITS:
+            key = "does not fit" if c.verdict == NO_FIT else c.reason
+            counts[key] = counts.get(key, 0) + 1
+    finished = time.perf_counter()
+    return PlanSearch(base.name, gpus, topology, nodes, done, ranked, verified,
+                      tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))),
+                      (("enumerate", enumerated - clock), ("estimate", estimated - enumerated),
+                       ("verify", finished - estimated)))

@@ -1,0 +1,241 @@
+"""Runs of ops summarised as numbers (time, memory level change and excursion, blocking collectives) and
+combined: in sequence, repeated, and a stage's layers extrapolated from a three-layer recording.
+
+A `Segment` is exact for what it keeps: running two segments one after the other changes the allocated bytes
+by the sum of their deltas, and the highest level above the start is the first's excursion or the first's
+delta plus the second's excursion. A stage of L layers is its recording's ops before the layers, its first
+layer, L - 2 copies of a middle layer and its last layer, then the ops after the layers: the layers of one
+stage are the same modules, so a middle layer's ops cost, allocate and free the same (tests/test_estimate.py
+checks the extrapolation against stages recorded with every layer).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.workload.graph import (BACKWARD_INPUT, BACKWARD_WEIGHT, BLOCKING, COLLECTIVE, FORWARD, OPTIMIZER_STEP,
+                                      OVERLAPPED, RECOMPUTE, Op, Tensor)
+
+PHASE_KEYS = {FORWARD: "forward_s", BACKWARD_INPUT: "backward_s", BACKWARD_WEIGHT: "backward_s",
+              RECOMPUTE: "recompute_s", OPTIMIZER_STEP: "optimizer_s"}
+MODEL_PHASES = (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of ops as numbers.
+
+    Attributes:
+        phase_s: seconds of compute per time-breakdown key (forward_s, backward_s, recompute_s, optimizer_s).
+        delta_bytes: allocated bytes after the run minus before.
+        excursion_bytes: the highest allocated level during the run minus the level before it (>= 0).
+        collectives: blocking collectives the compute stream waits for, {(group, kind, bytes): count}.
+        overlapped: data-parallel reductions posted and not waited for, in order: (kind, bytes, seconds of
+            compute from the run's start to the post).
+        model_flops: FLOPs of forward and backward ops (the MFU numerator; recompute and optimizer excluded).
+    """
+
+    phase_s: tuple[tuple[str, float], ...] = ()
+    delta_bytes: int = 0
+    excursion_bytes: int = 0
+    collectives: tuple[tuple[tuple[str, str, int], int], ...] = ()
+    overlapped: tuple[tuple[str, int, float], ...] = ()
+    model_flops: float = 0.0
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds of compute (every phase)."""
+        return sum(seconds for _, seconds in self.phase_s)
+
+    def then(self, other: Segment) -> Segment:
+        """This run followed by `other`."""
+        offset = self.compute_s
+        return Segment(_add_phases(self.phase_s, other.phase_s), self.delta_bytes + other.delta_bytes,
+                       max(self.excursion_bytes, self.delta_bytes + other.excursion_bytes),
+                       _add_counts(self.collectives, other.collectives),
+                       self.overlapped + tuple((k, b, t + offset) for k, b, t in other.overlapped),
+                       self.model_flops + other.model_flops)
+
+    def repeated(self, times: int) -> Segment:
+        """This run `times` times in a row (0: nothing)."""
+        if times <= 0:
+            return Segment()
+        if times == 1:
+            return self
+        step = self.compute_s
+        overlapped = tuple((k, b, t + step * i) for i in range(times) for k, b, t in self.overlapped)
+        return Segment(tuple((key, s * times) for key, s in self.phase_s), self.delta_bytes * times,
+                       self.excursion_bytes + max(0, (times - 1) * self.delta_bytes),
+                       tuple((key, n * times) for key, n in self.collectives), overlapped, self.model_flops * times)
+
+    def allocating(self, nbytes: int) -> Segment:
+        """This run preceded by allocating `nbytes` (inputs, a received tensor)."""
+        return Segment(delta_bytes=nbytes, excursion_bytes=max(0, nbytes)).then(self)
+
+    def freeing(self, nbytes: int) -> Segment:
+        """This run followed by freeing `nbytes`."""
+        return self.then(Segment(delta_bytes=-nbytes))
+
+
+def _add_phases(a: tuple[tuple[str, float], ...], b: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    if not a:
+        return b
+    if not b:
+        return a
+    total = dict(a)
+    for key, seconds in b:
+        total[key] = total.get(key, 0.0) + seconds
+    return tuple(sorted(total.items()))
+
+
+def _add_counts(a, b):
+    if not a:
+        return b
+    if not b:
+        return a
+    total = Counter(dict(a))
+    total.update(dict(b))
+    return tuple(sorted(total.items()))
+
+
+def chain(segments) -> Segment:
+    """Segments one after the other."""
+    result = Segment()
+    for segment in segments:
+        result = result.then(segment)
+    return result
+
+
+def summarize(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor],
+              waited_groups: tuple[str, ...] = ("tp", "dp")) -> Segment:
+    """The Segment of `ops` with their `durations` (timed_ops'): collectives of `waited_groups` are blocking,
+    other collectives (overlapped data-parallel reductions) are listed in `overlapped`.
+
+    A data-parallel all_gather (ZeRO-3 parameters) is waited for at once, as the lowering does; all_reduce and
+    reduce_scatter of group dp are overlapped.
+    """
+    n = len(ops)
+    if n == 0:
+        return Segment()
+    allocs = np.fromiter((sum(tensors[t].nbytes for t in op.allocs) for op in ops), dtype=np.int64, count=n)
+    frees = np.fromiter((sum(tensors[t].nbytes for t in op.frees) for op in ops), dtype=np.int64, count=n)
+    after = np.cumsum(allocs - frees)
+    before = after - (allocs - frees)
+    excursion = int(max(0, (before + allocs).max()))
+    phases: dict[str, float] = {}
+    collectives: Counter = Counter()
+    overlapped = []
+    elapsed = 0.0
+    flops = 0.0
+    for op, duration_s in zip(ops, durations):
+        if op.op_class == COLLECTIVE:
+            group = op.group if op.group in ("tp", "dp") else "tp"
+            kind = op.collective or "all_reduce"
+            # As the lowering decides (lower_multi._lower_collective): Op.placement first, else by kind.
+            if group == "dp" and (op.placement == OVERLAPPED or (
+                    kind in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING)):
+                overlapped.append((kind, int(op.comm_bytes), elapsed))
+            elif group in waited_groups:
+                collectives[(group, kind, int(op.comm_bytes))] += 1
+            continue
+        key = PHASE_KEYS.get(op.phase, "forward_s")
+        phases[key] = phases.get(key, 0.0) + duration_s
+        elapsed += duration_s
+        if op.phase in MODEL_PHASES:
+            flops += op.flops
+    return Segment(tuple(sorted(phases.items())), int(after[-1]), excursion, tuple(sorted(collectives.items())),
+                   tuple(overlapped), flops)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """One action's ops as the runs a stage's layers repeat: before the layers, each recorded layer, after.
+
+    `layers` holds one Segment per recorded layer in list order (ascending layers in a forward, descending in a
+    backward); `for_layers(L)` gives the action of a stage of L layers.
+    """
+
+    before: Segment
+    layers: tuple[Segment, ...]
+    after: Segment
+    # Bytes the runs before and after the layers allocate minus free of the middle recorded layer's tensors (the
+    # autocast cache of the layers' weights, released at the end of a forward): every middle layer has them.
+    before_middle_bytes: int = 0
+    after_middle_bytes: int = 0
+
+    def for_layers(self, count: int) -> Segment:
+        """The action's Segment with `count` layers: exact when `count` is what was recorded, else (three
+        recorded) the first layer, count - 2 middle ones and the last."""
+        if count == len(self.layers):
+            return self.before.then(chain(self.layers)).then(self.after)
+        if len(self.layers) == 3 and count > 3:
+            first, mid, last = self.layers
+            middle = first.then(mid.repeated(count - 2)).then(last)
+            extra = count - 3
+            return _with_more(self.before, extra * self.before_middle_bytes).then(middle).then(
+                _with_more(self.after, extra * self.after_middle_bytes))
+        raise ValueError(f"Blocks recorded with {len(self.layers)} layers cannot give {count}")
+
+
+def _with_more(segment: Segment, nbytes: int) -> Segment:
+    """`segment` allocating `nbytes` more (freeing when negative): a free at its end, an allocation at its start."""
+    if nbytes == 0:
+        return segment
+    excursion = segment.excursion_bytes + max(0, nbytes)
+    return Segment(segment.phase_s, segment.delta_bytes + nbytes, excursion, segment.collectives,
+                   segment.overlapped, segment.model_flops)
+
+
+def run_layers(ops) -> list[int]:
+    """The layer whose run each op belongs to. A ZeRO-3 gather is posted before the op that starts the module
+    before the one it gathers for (it prefetches): it belongs with the op that follows it, so that every middle
+    layer's run holds one gather, as the modules of a stage repeat."""
+    layers = [-2 if op.op_class == COLLECTIVE and op.group == "dp" else op.layer for op in ops]
+    following = -1
+    for k in range(len(layers) - 1, -1, -1):
+        if layers[k] == -2:
+            layers[k] = following
+        else:
+            following = layers[k]
+    return layers
+
+
+def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor]) -> Blocks:
+    """Cut an action's ops into the runs before the layers, per layer, and after (ops of no layer between two
+    layers' ops go with the run they follow)."""
+    layers = run_layers(ops)
+    layered = [i for i, layer in enumerate(layers) if layer >= 0]
+    if not layered:
+        return Blocks(summarize(ops, durations, tensors), (), Segment())
+    first, last = layered[0], layered[-1]
+    runs: list[list[int]] = []
+    current = None
+    for i in range(first, last + 1):
+        layer = layers[i]
+        if layer >= 0 and layer != current:
+            runs.append([])
+            current = layer
+        runs[-1].append(i)
+
+    def part(indices) -> Segment:
+        return summarize([ops[i] for i in indices], [durations[i] for i in indices], tensors)
+
+    middle = sorted({layers[i] for i in layered})
+    middle_layer = middle[1] if len(middle) == 3 else None
+
+    def middle_bytes(indices) -> int:
+        if middle_layer is None:
+            return 0
+        prefix = f"layers.{middle_layer}."
+        total = 0
+        for i in indices:
+            total += sum(tensors[t].nbytes for t in ops[i].allocs if prefix in tensors[t].name)
+            total -= sum(tensors[t].nbytes for t in ops[i].frees if prefix in tensors[t].name)
+        return total
+
+    before, after = range(first), range(last + 1, len(ops))
+    return Blocks(part(before), tuple(part(run) for run in runs), part(after), middle_bytes(before),
+                  middle_bytes(after))

@@ -1,0 +1,29 @@
+"""Apply a rank's offload options to its iteration workload: optimizer (ZeRO-Offload), parameters, activations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simulator.offload.optimizer import offload_optimizer
+from simulator.offload.state import HostState, OffloadConfig
+from simulator.offload.zero3 import offload_zero3
+
+
+def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids, saver=None):
+    """`workload` (an IterationWorkload, after data parallelism) with `config`'s offloading and its HostState.
+
+    Args:
+        workload: the rank's workload.
+        config: what is offloaded, with the rank's host rates.
+        largest_param_numel: elements of the largest parameter the rank holds.
+        ids: the workload's tensor IdSource.
+        saver: the save_on_cpu hooks its tapes were replayed with (offload/activations.py), or None.
+    """
+    host = HostState()
+    if saver is not None:
+        host.tensors.update(saver.host_tensors)
+    if config.optimizer != "none" and workload.meta.get("zero_stage") == 3:
+        workload = offload_zero3(workload, config, ids, host)
+    elif config.optimizer == "cpu":
+        workload = offload_optimizer(workload, config, largest_param_numel, ids, host)
+    return replace(workload, host=host)
