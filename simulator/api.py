@@ -284,7 +284,6 @@ def _multi_setup(scenario: Scenario) -> tuple:
     cluster = resolve_cluster(scenario)
     device = cluster.device
     _check_device_options(scenario, device)
-    resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0)     # its refusals
     p = scenario.parallel
     if cluster.topology is None and p.dp * p.tp * p.pp > 1:
         _check_plan(scenario)        # a one-device cluster: the one-device refusal names the key
@@ -293,6 +292,7 @@ def _multi_setup(scenario: Scenario) -> tuple:
                         f"host memory or PCIe links; offload needs a topology (one GPU: 'workstation-rtx4090')")
     topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
     plan = make_plan(scenario, topology)
+    resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)     # its refusals
     recipe = multi_recipe(scenario, device, cluster.topology)
     schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
     return cluster, topology, plan, recipe, schedule
@@ -310,7 +310,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     shape, profile = model_shape(scenario), kernel_profile(device)
     workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None
     full = scenario.run.full and plan.world_size > 1
-    overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0)
+    overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
                                       scenario.run.warmup_iterations, scenario.run.iterations, workload, full,
                                       overlap)

@@ -101,6 +101,12 @@ def test_cuda_graphs_remove_the_host_wait():
     ({"training": {"cuda_graphs": True}, "cluster": {"topology": "cpu"}}, "needs a GPU"),
     ({"training": {"cuda_graphs": True, "framework": "deepspeed"}}, "framework 'deepspeed'"),
     ({"training": {"cuda_graphs": True, "precision": "fp16-mixed"}}, "dynamic loss scaler"),
+    ({"training": {"cuda_graphs": True, "precision": "fp16-mixed", "loss_scale": 1024.0,
+                   "skipped_steps_fraction": 0.01}}, "data-dependent branch"),
+    ({"training": {"cuda_graphs": True, "framework": "deepspeed"}, "parallel": {"offload_activations": "cpu"}},
+     "framework 'deepspeed'"),
+    ({"training": {"cuda_graphs": True}, "parallel": {"offload_activations": "cpu"}},
+     "parallel.offload_activations = 'cpu': offload runs work on the host"),
 ])
 def test_cuda_graphs_refused_where_a_step_cannot_be_captured(doc, rule):
     base = {"name": "x", "model": {"preset": "gpt2"}, "training": {}, "cluster": {"topology": "h100-sxm"}}

@@ -72,6 +72,15 @@ def test_refusals_name_the_key_and_the_rule(framework, parallel, nvlink, message
     assert text.startswith("x.toml: parallel.") and message in text and "\n" not in text
 
 
+def test_tp_comm_overlap_refused_when_a_tp_group_spans_nodes():
+    doc = _doc(tp=16, dp=1, tp_comm_overlap=True)
+    doc["cluster"]["nodes"] = 2
+    doc["model"]["num_attention_heads"] = 16
+    with pytest.raises(ScenarioError, match=r"^x.toml: parallel.tp_comm_overlap = true: needs every tensor-parallel "
+                                            r"group inside one node .* a tp group of 16 spans 2 nodes of 8 GPUs$"):
+        simulate(scenario_from_dict(doc, source="x.toml"))
+
+
 def test_cli_refusal_exit_2(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text('[model]\npreset = "llama-7b"\n[training]\nframework = "megatron"\n'

@@ -23,6 +23,7 @@ import dataclasses
 
 from simulator.errors import ScenarioError
 from simulator.hardware.catalog import DeviceSpec
+from simulator.offload.config import OFFLOAD_KEYS, offloading
 from simulator.parallel.program import Run
 from simulator.workload.graph import (BACKWARD_INPUT, BACKWARD_WEIGHT, COLLECTIVE, OFFLOAD_CLASSES, OPTIMIZER_STEP,
                                      RECOMPUTE, Op)
@@ -97,6 +98,13 @@ def run_device(scenario, device: DeviceSpec) -> DeviceSpec:
     elif t.precision == "fp16-mixed" and t.loss_scale == "dynamic":
         rule = ("the dynamic loss scaler decides on the host, every step, whether to skip it (a data-dependent "
                 "branch a graph cannot hold): set training.loss_scale to a number")
+    elif t.skipped_steps_fraction > 0:
+        rule = (f"training.skipped_steps_fraction = {t.skipped_steps_fraction!r}: a skipped step is the loss "
+                f"scaler's data-dependent branch, which a replayed graph cannot take (allowed with graphs: 0)")
+    elif offloading(scenario):
+        key = next(k for k in OFFLOAD_KEYS if getattr(p, k) != "none")
+        rule = (f"parallel.{key} = {getattr(p, key)!r}: offload runs work on the host (CPU-Adam, pinned-memory "
+                f"hooks, drive reads) between the kernels, which a graph cannot capture (allowed with graphs: none)")
     if rule is not None:
         raise ScenarioError(f"{scenario.source}: training.cuda_graphs = true: {rule}")
     return dataclasses.replace(device, host_forward_op_s=0.0, host_backward_op_s=0.0, host_checkpoint_s=0.0,

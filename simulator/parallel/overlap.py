@@ -7,7 +7,8 @@ docs/multi-gpu.md ("Communication overlap") describes it.
 Framework defaults (read 2026-12-02):
 * tp_comm_overlap: false everywhere. Megatron-LM `--tp-comm-overlap` is `store_true` (megatron/training/
   arguments.py); NeMo's recipes switch it on (`ub_tp_comm_overlap: True`), so published NeMo runs say so
-  explicitly. torch: async TP is a torch.compile / torchtitan option, off by default. DeepSpeed has none.
+  explicitly. It needs sequence parallelism and each tensor-parallel group on one node over NVLink / NVSwitch
+  (Transformer Engine's examples/pytorch/comm_gemm_overlap README, "Requirements"). torch: async TP is a torch.compile / torchtitan option, off by default. DeepSpeed has none.
 * tp_backward_overlap: megatron true — Megatron-Core's `LinearWithGradAccumulationAndAsyncCommunication` and
   Transformer Engine's `_Linear.backward` launch the column-parallel input all_gather (sequence parallelism) with
   `async_op=True` before the dgrad GEMM and the dgrad reduce_scatter (or all_reduce without sequence
@@ -68,12 +69,14 @@ def _defaults(framework: str, zero_stage: int, schedule: str) -> dict[str, bool]
             "overlap_param_gather": False, "overlap_p2p_comm": True}
 
 
-def resolve_overlap(scenario, nvlink: bool) -> OverlapOptions:
+def resolve_overlap(scenario, nvlink: bool, plan=None) -> OverlapOptions:
     """The run's overlap switches: each "auto" key as the framework does it, explicit ones checked.
 
     Args:
         scenario: the Scenario (training.framework, parallel.*).
         nvlink: whether the cluster's GPUs have a GPU-to-GPU fabric (Transformer Engine's userbuffers need one).
+        plan: the ParallelPlan on the cluster (None: not checked yet): userbuffers need each tensor-parallel group
+            inside one node.
 
     Returns:
         OverlapOptions.
@@ -98,6 +101,12 @@ def resolve_overlap(scenario, nvlink: bool) -> OverlapOptions:
         if p.tp > 1 and not nvlink:
             raise bad("tp_comm_overlap", "needs GPUs joined by NVLink (userbuffers exchange chunks through peer "
                                          "GPU memory; this cluster's GPUs have no GPU-to-GPU link)")
+        if p.tp > 1 and plan is not None and plan.gpus_per_node is not None:
+            spread = max(len({plan.node_of(rank) for rank in group}) for group in plan.groups("tp"))
+            if spread > 1:
+                raise bad("tp_comm_overlap", f"needs every tensor-parallel group inside one node (userbuffers over "
+                                             f"NVLink); here a tp group of {p.tp} spans {spread} nodes of "
+                                             f"{plan.gpus_per_node} GPUs")
     if explicit.get("tp_backward_overlap") and framework == "deepspeed":
         raise bad("tp_backward_overlap", "framework 'deepspeed' (Megatron-DeepSpeed's tensor-parallel layers) "
                                          "blocks on its backward collectives (allowed: false)")

@@ -152,7 +152,7 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("sparsity", choice(SPARSITIES), "none", " | ".join(SPARSITIES), "2:4 semi-structured sparsity of the MLP linears in training, as torchao's SemiSparseLinear (bf16, sparse tensor cores; docs/model-options.md)"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "fp16-mixed loss scaling: dynamic (torch GradScaler, Megatron DynamicGradScaler, DeepSpeed DynamicLossScaler) or a static scale (Megatron, DeepSpeed); other precisions: dynamic only"),
     _k("skipped_steps_fraction", fraction_below_one, 0.0, "float in [0, 1)", "fp16-mixed: share of iterations whose optimizer step the loss scaler skips (an overflow); iteration_time_s averages both kinds"),
-    _k("cuda_graphs", boolean, False, "bool", "the training step is captured as CUDA graphs and replayed: no per-kernel host launch cost (parallel/host_issue.py); needs a GPU, no ZeRO-3, a static loss scale with fp16-mixed, not deepspeed"),
+    _k("cuda_graphs", boolean, False, "bool", "the training step is captured as CUDA graphs and replayed: no per-kernel host launch cost (parallel/host_issue.py); needs a GPU, no ZeRO-3, a static loss scale with fp16-mixed and no skipped steps, no offload, not deepspeed"),
     _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
 )
 
