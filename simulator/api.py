@@ -11,6 +11,7 @@ from simulator import lifetime
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import MemsimError, PlanError
+from simulator.hardware.attention_backend import with_attention_backend
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.host_issue import run_device
 from simulator.parallel.lower import lower_single_rank
@@ -139,7 +140,7 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
 def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
     """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores, CUDA graphs off a
     GPU or where the step cannot be captured), with the file."""
-    run_device(scenario, device)
+    _run_device(scenario, device)
     m, h = scenario.model, scenario.model.hidden_size
     shapes = [(m.ffn_hidden_size, h), (h, m.ffn_hidden_size)]
     try:
@@ -147,6 +148,15 @@ def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
                        device=device.name, speedup=device.sparse_gemm_speedup, mlp_shapes=shapes)
     except PlanError as error:
         raise PlanError(f"{scenario.source}: {error}") from None
+
+
+def _run_device(scenario: Scenario, device: DeviceSpec) -> DeviceSpec:
+    """The cluster's device as the run's kernels see it: the attention backend's rate, no host launch cost under CUDA
+    graphs (refusals name the key)."""
+    t = scenario.training
+    device = with_attention_backend(device, t.attention_backend, scenario.model.attention, t.precision,
+                                    scenario.source)
+    return run_device(scenario, device)
 
 
 def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
@@ -170,7 +180,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     _check_device_options(scenario, cluster.device)
-    device = run_device(scenario, cluster.device)
+    device = _run_device(scenario, cluster.device)
     recipe = recipe_for(scenario, device)
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
@@ -305,7 +315,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     from simulator.report.metrics import build_multi_report
 
     cluster, topology, plan, recipe, schedule = _multi_setup(scenario)
-    device = run_device(scenario, cluster.device)
+    device = _run_device(scenario, cluster.device)
     p = scenario.parallel
     shape, profile = model_shape(scenario), kernel_profile(device)
     workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None

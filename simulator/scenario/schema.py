@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from simulator.hardware.attention_backend import BACKEND_CHOICES
 from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables use, and names callers import from here
     SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
     fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
@@ -152,6 +153,7 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("sparsity", choice(SPARSITIES), "none", " | ".join(SPARSITIES), "2:4 semi-structured sparsity of the MLP linears in training, as torchao's SemiSparseLinear (bf16, sparse tensor cores; docs/model-options.md)"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "fp16-mixed loss scaling: dynamic (torch GradScaler, Megatron DynamicGradScaler, DeepSpeed DynamicLossScaler) or a static scale (Megatron, DeepSpeed); other precisions: dynamic only"),
     _k("skipped_steps_fraction", fraction_below_one, 0.0, "float in [0, 1)", "fp16-mixed: share of iterations whose optimizer step the loss scaler skips (an overflow); iteration_time_s averages both kinds"),
+    _k("attention_backend", choice(BACKEND_CHOICES), "auto", " | ".join(BACKEND_CHOICES), "fused attention kernel with model.attention = flash: cudnn, flash2 (FlashAttention-2), flash3 (FlashAttention-3, Hopper); auto = what torch's SDPA and Transformer Engine pick on the GPU (Hopper: cuDNN; Ampere, Ada, MI300X: FlashAttention-2), the backend of its measured attention_efficiency (hardware/measured.py)"),
     _k("cuda_graphs", boolean, False, "bool", "the training step is captured as CUDA graphs and replayed: no per-kernel host launch cost (parallel/host_issue.py); needs a GPU, no ZeRO-3, a static loss scale with fp16-mixed and no skipped steps, no offload, not deepspeed"),
     _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
 )
@@ -304,6 +306,7 @@ class TrainingConfig:
     loss_scale: str | float = "dynamic"
     skipped_steps_fraction: float = 0.0
     vocab_divisible_by: int = 1
+    attention_backend: str = "auto"
     cuda_graphs: bool = False
     data_parallel_size: int = 1
 
