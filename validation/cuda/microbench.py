@@ -16,8 +16,9 @@ def check_device(script: str, device: str) -> None:
         raise SystemExit(f"{script}: torch sees no CUDA device")
 
 
-def write_rows(out: Path, device: str, rows: list[dict], **protocol: object) -> None:
-    """Write {"environment": torch, CUDA, device name and `protocol`, "rows": rows} atomically as JSON."""
+def write_rows(out: Path, device: str, rows: list[dict], extra: dict | None = None, **protocol: object) -> None:
+    """Write {"environment": torch, CUDA, device name and `protocol`, "rows": rows, **extra} atomically as JSON."""
     environment = {"torch_version": torch.__version__, "cuda": torch.version.cuda,
                    "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", **protocol}
-    atomic_write_text(out, json.dumps({"environment": environment, "rows": rows}, indent=1) + "\n")
+    document = {"environment": environment, "rows": rows, **(extra or {})}
+    atomic_write_text(out, json.dumps(document, indent=1) + "\n")
