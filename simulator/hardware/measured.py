@@ -42,8 +42,8 @@ _HOPPER_RUN = ("measured on one H200 (torch 2.11 + CUDA 13.0, 2026-11-30): bench
                "kernel profiles of validation/data/cuda*/timing (13 captures)")
 HOPPER_ATTENTION = (HOPPER_KERNELS["attention_efficiency"],
                     f"{_HOPPER_RUN}: FLOP over time of every cuDNN fused-attention call, forward and backward (head dim "
-                    "64 and 128, sequence 1024-4096) / 989.4 TFLOP/s; FlashAttention-2 reaches 0.331 (Azure ND_H100_v5, "
-                    "327.9 TFLOP/s), FlashAttention-3 ~0.75 (its paper): not torch's default backends")
+                    "64 and 128, sequence 1024-4096) / 989.4 TFLOP/s; the other backends (training.attention_backend) "
+                    "run at attention_backend_speed times this")
 _H200_STREAM = 4.15e12       # Azure ND_H200_v5 STREAM triad, the reference of the ratios below
 
 
