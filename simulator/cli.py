@@ -98,8 +98,13 @@ def run(
         "--memory-workers", min=0,
         help="Processes making the memory calls while the engine runs (0: none; default: by the run's size "
              "and the cores available). Results are the same.")] = None,
+    fit_advice: Annotated[int, typer.Option(
+        "--what-would-fit", min=0, max=20,
+        help="When the job does not fit, simulate up to N candidate changes that could make it fit (report key "
+             "what_would_fit; 0: none).")] = 3,
 ) -> None:
-    """Simulate one training scenario and report memory, time and whether it fits."""
+    """Simulate one training scenario and report memory, time and whether it fits (and, when it does not, the
+    cheapest changes that make it fit, each simulated)."""
     from simulator.api import simulate
     from simulator.scenario import load_scenario
 
@@ -108,6 +113,10 @@ def run(
         # only the --out files read memory samples
         result = simulate(loaded, timelines=out is not None, memory_workers=memory_workers)
         keep(result)
+        if not result.report["fits"] and fit_advice > 0:
+            from simulator.explore.fit import what_would_fit
+
+            result.report["what_would_fit"] = what_would_fit(scenario, set_ or [], result.report, verify=fit_advice)
     except MemsimError as error:
         _fail(str(error))
         return

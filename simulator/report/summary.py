@@ -285,6 +285,33 @@ def _oom(report: dict, console: Console) -> None:
         console.print(table)
 
 
+def _what_would_fit(report: dict, console: Console) -> None:
+    advice = report.get("what_would_fit")
+    if advice is None or report.get("fits", True):
+        return
+    if not advice:
+        console.print("No change memsim tried could be simulated for this job (memsim run --what-would-fit N).")
+        return
+    table = Table(title="What would make it fit (each change simulated; memsim run FILE --set ...)",
+                  title_justify="left", header_style="bold")
+    table.add_column("change", overflow="fold", ratio=2)
+    table.add_column("--set", no_wrap=True)
+    for column in ("needs / has", "iteration", "time per token", "GPUs"):
+        table.add_column(column, justify="right")
+    fitting = [entry for entry in advice if entry.get("fits")]
+    for entry in fitting:
+        table.add_row(str(entry.get("label", "")), "\n".join(entry.get("changes") or []),
+                      f"{_bytes(entry.get('needed_bytes'))} / {_bytes(entry.get('capacity_bytes'))}",
+                      _seconds(entry.get("iteration_time_s")), f"{_number(entry.get('time_ratio')) or 0:.2f}x",
+                      str(entry.get("gpus", "")))
+    if fitting:
+        console.print(table)
+    else:
+        console.print("None of the changes memsim simulated makes this job fit.")
+    if len(fitting) < len(advice):
+        console.print(f"{len(advice) - len(fitting)} more simulated that do not fit (memsim run --json: what_would_fit).")
+
+
 def render_summary(report: dict, console: Console) -> None:
     """Print the human summary of one simulation report (the DESIGN.md JSON report shape).
 
@@ -306,3 +333,4 @@ def render_summary(report: dict, console: Console) -> None:
     _performance(report, console)
     _time_breakdown(report, console)
     _warnings(report, console)
+    _what_would_fit(report, console)

@@ -1,0 +1,306 @@
+"""What would make a job fit: candidate changes to a scenario that does not fit, pruned with the fast estimate and
+verified by the full simulation, cheapest first.
+
+    from simulator.explore.fit import what_would_fit
+    advice = what_would_fit("scenarios/showcase.toml", [], report)   # report: the run's, with "fits": False
+    advice[0]["changes"]          # ['training.optimizer="adam-8bit"'], its simulated peak and time
+
+Each change is a list of `--set` items (`memsim run FILE --set ...` reproduces it). Single changes come first:
+recompute, a smaller micro-batch, pure 16-bit precision, 8-bit Adam, a higher ZeRO stage, ZeRO-Offload to the
+host or NVMe, more GPUs; when none of them fits, pairs and then triples of changes along different axes. The
+estimate (explore/estimate.py) ranks them; the best `verify` of those it says fit (and those it cannot estimate)
+are simulated. What is reported is the simulation's answer, never the estimate's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from simulator.errors import MemsimError
+from simulator.explore.grid import toml_value
+from simulator.scenario import Scenario
+from simulator.scenario.loader import read_scenario_document, scenario_from_dict
+
+DEFAULT_VERIFY = 3            # simulations spent on the advice of one run
+MAX_COMBINED = 3              # changes stacked at most (recompute + 8-bit Adam + offload, say)
+_QUIET_RUN = ("run.record_events=false",)   # allocator events are not in the report: verification skips them
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change to a scenario: what it is called, which axis it moves, its `--set` items, and the GPUs it uses."""
+
+    label: str
+    axis: str
+    sets: tuple[str, ...]
+    gpus: int
+
+
+def _set(key: str, value: object) -> str:
+    return f"{key}={toml_value(value)}"
+
+
+def _recompute(s: Scenario, gpus: int) -> list[Change]:
+    modes = {"none": ("selective", "full"), "selective": ("full",)}.get(s.training.recompute, ())
+    if s.training.recompute.startswith("segments:"):
+        modes = ("full",)
+    return [Change(f"{mode} recompute", "recompute", (_set("training.recompute", mode),), gpus) for mode in modes]
+
+
+def _micro_batch(s: Scenario, gpus: int) -> list[Change]:
+    t = s.training
+    sizes = []
+    size = t.micro_batch_size // 2
+    while size >= 1:
+        if t.global_batch_size % (size * s.parallel.dp) == 0:
+            sizes.append(size)
+        size //= 2
+    return [Change(f"micro-batch {size} (gradient accumulation keeps the global batch)", "micro_batch",
+                   (_set("training.micro_batch_size", size),), gpus) for size in sizes]
+
+
+def _precision(s: Scenario, gpus: int) -> list[Change]:
+    if s.training.precision in ("fp32", "bf16-mixed", "fp16-mixed"):
+        return [Change("pure bf16 (weights, gradients and Adam states in bf16)", "precision",
+                       (_set("training.precision", "bf16"),), gpus)]
+    return []
+
+
+def _optimizer(s: Scenario, gpus: int) -> list[Change]:
+    if s.training.optimizer == "adamw":
+        return [Change("8-bit Adam (bitsandbytes)", "optimizer", (_set("training.optimizer", "adam-8bit"),), gpus)]
+    return []
+
+
+def _zero(s: Scenario, gpus: int) -> list[Change]:
+    p = s.parallel
+    if p.dp == 1:
+        return []
+    highest = 1 if p.pp > 1 else 3
+    return [Change(f"ZeRO stage {stage}", "zero", (_set("parallel.zero_stage", stage),), gpus)
+            for stage in range(p.zero_stage + 1, highest + 1)]
+
+
+def _one_gpu_topology(s: Scenario) -> str | None:
+    """A bundled one-GPU topology (host memory, PCIe, drives) of the scenario's device, for offload on one card."""
+    from simulator.hardware.catalog import get_device
+    from simulator.network.topology import list_topologies, load_topology
+
+    try:
+        get_device(s.cluster.topology)
+    except MemsimError:
+        return s.cluster.topology          # already a topology: offload runs there
+    for name in list_topologies():
+        topology = load_topology(name)
+        if topology.num_gpus == 1 and topology.gpu_device.name == s.cluster.topology:
+            return name
+    return None
+
+
+def _offload(s: Scenario, gpus: int) -> list[Change]:
+    """ZeRO-Offload / ZeRO-Infinity as DeepSpeed runs them (what simulator/offload/ simulates: pp = 1, AdamW,
+    16-bit mixed precision, no gradient accumulation)."""
+    p, t = s.parallel, s.training
+    if p.pp > 1 or t.optimizer != "adamw" or t.precision not in ("bf16-mixed", "fp16-mixed"):
+        return []
+    topology = _one_gpu_topology(s) if gpus == 1 else s.cluster.topology
+    if topology is None:
+        return []
+    base = [_set("training.framework", "deepspeed"),
+            _set("training.global_batch_size", t.micro_batch_size * p.dp)]
+    if topology != s.cluster.topology:
+        base.append(_set("cluster.topology", topology))
+    plans = [("optimizer offloaded to the CPU (ZeRO-Offload, ZeRO-2)", 2, "cpu", "none"),
+             ("optimizer and parameters offloaded to the CPU (ZeRO-3)", 3, "cpu", "cpu"),
+             ("optimizer offloaded to NVMe (ZeRO-Infinity)", 3, "nvme", "none"),
+             ("optimizer and parameters offloaded to NVMe (ZeRO-Infinity)", 3, "nvme", "nvme")]
+    return [Change(label, "offload", tuple(base + [_set("parallel.zero_stage", stage),
+                                                   _set("parallel.offload_optimizer", optimizer),
+                                                   _set("parallel.offload_params", params)]), gpus)
+            for label, stage, optimizer, params in plans]
+
+
+def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
+    """More GPUs of the same kind: a node of the same device for a one-card job (tensor parallelism across it, or
+    ZeRO-3 data parallelism), twice the nodes for a cluster job (dp doubled, its states sharded)."""
+    from simulator.network.topology import list_topologies, load_topology
+
+    p, t = s.parallel, s.training
+    changes = []
+    if gpus == 1:
+        for name in list_topologies():
+            topology = load_topology(name)
+            if topology.num_gpus < 2 or topology.gpu_device.name != s.cluster.topology:
+                continue
+            n = topology.num_gpus
+            where = _set("cluster.topology", name)
+            if s.model.num_attention_heads % n == 0 and s.model.num_kv_heads % n == 0:
+                changes.append(Change(f"{n} GPUs ({name}), tensor parallel {n}", "gpus",
+                                      (where, _set("parallel.tp", n)), n))
+            batch = max(t.global_batch_size, t.micro_batch_size * n)
+            batch += -batch % (t.micro_batch_size * n)
+            changes.append(Change(f"{n} GPUs ({name}), ZeRO-3 data parallel {n}", "gpus",
+                                  (where, _set("parallel.dp", n), _set("parallel.zero_stage", 3),
+                                   _set("training.global_batch_size", batch)), n))
+        return changes
+    batch = max(t.global_batch_size, t.micro_batch_size * p.dp * 2)
+    batch += -batch % (t.micro_batch_size * p.dp * 2)
+    sets = [_set("cluster.nodes", s.cluster.nodes * 2), _set("parallel.dp", p.dp * 2),
+            _set("training.global_batch_size", batch)]
+    if p.zero_stage == 0:
+        sets.append(_set("parallel.zero_stage", 1))
+    changes.append(Change(f"twice the nodes ({s.cluster.nodes * 2}), dp {p.dp * 2}", "gpus", tuple(sets), gpus * 2))
+    return changes
+
+
+GENERATORS: tuple[Callable[[Scenario, int], list[Change]], ...] = (
+    _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _more_gpus)
+"""The axes of change, in the order they are listed when they cost the same."""
+
+
+def single_changes(scenario: Scenario, gpus: int) -> list[Change]:
+    """Every one-axis change to `scenario` (running on `gpus` GPUs) that the generators propose."""
+    return [change for generate in GENERATORS for change in generate(scenario, gpus)]
+
+
+def _combine(changes: Sequence[Change], size: int) -> list[Change]:
+    """Changes of `size` different axes stacked (later items override earlier ones for the same key)."""
+    combined = []
+    for group in itertools.combinations(changes, size):
+        if len({c.axis for c in group}) < size:
+            continue
+        sets = tuple(item for c in group for item in c.sets)
+        combined.append(Change(" + ".join(c.label for c in group), "+".join(c.axis for c in group), sets,
+                               max(c.gpus for c in group)))
+    return combined
+
+
+def _simulate(job: tuple[dict, str, list[str]]) -> dict | str:
+    """The report of one candidate, or its one-line error (a module-level function: process pools ship it)."""
+    from simulator.api import simulate
+
+    document, source, sets = job
+    try:
+        return simulate(scenario_from_dict(document, source, sets), timelines=False).report
+    except MemsimError as error:
+        return str(error)
+
+
+class _InProcess:
+    def map(self, fn: Callable, items: Iterable) -> list:
+        return [fn(item) for item in items]
+
+
+def _worst(report: dict) -> dict:
+    return max(report["ranks"], key=lambda r: r["peak_reserved_bytes"] + r["context_bytes"] - r["capacity_bytes"])
+
+
+def _entry(change: Change, report: dict, original: dict, gpus: int) -> dict:
+    worst = _worst(report)
+    time_s = report["iteration_time_s"]
+    return {
+        "label": change.label,
+        "changes": list(change.sets),
+        "fits": bool(report["fits"]),
+        "gpus": change.gpus,
+        "peak_allocated_bytes": max(r["peak_allocated_bytes"] for r in report["ranks"]),
+        "peak_reserved_bytes": max(r["peak_reserved_bytes"] for r in report["ranks"]),
+        "needed_bytes": worst["peak_reserved_bytes"] + worst["context_bytes"],
+        "capacity_bytes": worst["capacity_bytes"],
+        "host_needed_bytes": max((r.get("host_peak_bytes", 0) for r in report["ranks"]), default=0),
+        "host_capacity_bytes": min((r["host_capacity_bytes"] for r in report["ranks"] if r.get("host_capacity_bytes")),
+                                   default=0),
+        "iteration_time_s": time_s,
+        "tokens_per_s": report["tokens_per_s"],
+        # time per token against the original (the iteration's ratio when the global batch is unchanged)
+        "time_ratio": original["tokens_per_s"] / report["tokens_per_s"] if report["tokens_per_s"] > 0 else 0.0,
+        # GPU-seconds per token against the original: what the change costs when it also adds GPUs
+        "gpu_time_ratio": (change.gpus / report["tokens_per_s"]) / (gpus / original["tokens_per_s"])
+        if report["tokens_per_s"] > 0 and original["tokens_per_s"] > 0 else 0.0,
+    }
+
+
+def _estimable(scenario: Scenario, estimate: dict) -> bool:
+    """Whether the estimate covers what the candidate changes: not offload (its host traffic and memory are not in
+    the estimate), nor what the estimate says it leaves out."""
+    from simulator.offload.config import offloading
+
+    if offloading(scenario):
+        return False
+    return not any("the estimate leaves out" in str(w) for w in estimate.get("warnings", ()))
+
+
+def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Change]:
+    """The candidates to simulate, at most `verify`: the cheapest that the estimate says fit (GPU-seconds per token),
+    and at least one it cannot estimate when there is one (in generator order); those it says do not fit are left
+    out."""
+    from simulator.explore.estimate import estimate_reports
+
+    estimates = estimate_reports([scenario for _, scenario in candidates], errors="return")
+    fitting, unknown = [], []
+    for (change, scenario), estimate in zip(candidates, estimates):
+        if isinstance(estimate, MemsimError) or not _estimable(scenario, estimate):
+            unknown.append(change)
+        elif estimate["fits"] and estimate["tokens_per_s"] > 0:
+            fitting.append((change.gpus / estimate["tokens_per_s"], len(change.sets), change))
+    fitting.sort(key=lambda item: (item[0], item[1]))
+    ranked = [change for *_, change in fitting]
+    keep = max(verify - len(unknown), verify - 1 if unknown else verify, 0)
+    return (ranked[:keep] + unknown)[:verify]
+
+
+def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[str], original: dict, *,
+                   verify: int = DEFAULT_VERIFY, executor=None) -> list[dict]:
+    """The cheapest changes that make a job that does not fit, fit, each simulated.
+
+    Args:
+        scenario: the scenario (its file is read again: every candidate is that file with `--set` items).
+        overrides: the `--set` items the run was given (kept under every candidate's).
+        original: the run's report (its iteration time and tokens/s are what the ratios compare with).
+        verify: how many candidates to simulate at most per round (single changes, then pairs, then triples).
+        executor: an object with `map(fn, items)` (explore/executors.py); default: in this process.
+
+    Returns:
+        The simulated candidates, those that fit first, cheapest first (GPU-seconds per token, then iteration time):
+        dicts with label, changes (`--set` items), fits, gpus, peak_allocated_bytes, peak_reserved_bytes,
+        needed_bytes (peak reserved + memory outside the allocator, on the stage that needs most),
+        capacity_bytes, host_needed_bytes and host_capacity_bytes (offload: the node's host memory; 0 without), iteration_time_s, tokens_per_s, time_ratio (time per token against the original),
+        gpu_time_ratio (GPU-seconds per token against the original). Empty when the job fits or
+        no change could be simulated.
+    """
+    if original.get("fits", True) or verify < 1:
+        return []
+    source = os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
+    document = read_scenario_document(source)
+    base = scenario_from_dict(document, source, list(overrides))
+    gpus = base.parallel.dp * base.parallel.tp * base.parallel.pp
+    singles = single_changes(base, gpus)
+    executor = executor or _InProcess()
+    verified: list[dict] = []
+    valid_singles: list[Change] = []
+    for size in range(1, MAX_COMBINED + 1):
+        pool = singles if size == 1 else _combine(valid_singles, size)
+        candidates = []
+        for change in pool:
+            try:
+                candidate = scenario_from_dict(document, source, [*overrides, *change.sets])
+                from simulator.api import check_scenario
+
+                check_scenario(candidate)
+            except MemsimError:
+                continue               # a change this scenario cannot take (the run would refuse it)
+            candidates.append((change, candidate))
+        if size == 1:
+            valid_singles = [change for change, _ in candidates]
+        chosen = _chosen(candidates, verify) if candidates else []
+        jobs = [(document, source, [*overrides, *change.sets, *_QUIET_RUN]) for change in chosen]
+        for change, outcome in zip(chosen, executor.map(_simulate, jobs)):
+            if isinstance(outcome, dict):
+                verified.append(_entry(change, outcome, original, gpus))
+        if any(entry["fits"] for entry in verified):
+            break
+    verified.sort(key=lambda e: (not e["fits"], e["gpu_time_ratio"], e["iteration_time_s"], e["label"]))
+    return verified
