@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from validation.cuda.microbench import check_device, write_rows
+from validation.cuda.microbench import check_device, time_calls, write_rows
 
 GEMM_SHAPES = [(m, n, k) for m in (2048, 8192, 16384) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336),
                                                                     (12288, 12288), (49152, 12288), (18432, 18432))]
@@ -42,26 +41,8 @@ HIDDEN = 4096
 
 
 def _timer(device: str):
-    """A function timing `fn` (seconds, median of `repeats` after 3 warm-up calls) on `device`."""
-    def run(fn, repeats: int) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(repeats):
-            if device == "cuda":
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    return run
+    """A function timing `fn`: the median seconds of `repeats` calls after 3 warm-up calls, on `device`."""
+    return lambda fn, repeats: statistics.median(time_calls(fn, device, 3, repeats))
 
 
 def gemms(device: str, repeats: int, scale: float) -> list[dict]:
