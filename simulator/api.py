@@ -138,8 +138,8 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
 
 
 def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
-    """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores, CUDA graphs off a
-    GPU or where the step cannot be captured), with the file."""
+    """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores, an attention backend
+    it has no rate for, CUDA graphs off a GPU or where the step cannot be captured), with the file."""
     _run_device(scenario, device)
     m, h = scenario.model, scenario.model.hidden_size
     shapes = [(m.ffn_hidden_size, h), (h, m.ffn_hidden_size)]

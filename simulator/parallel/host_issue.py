@@ -12,9 +12,9 @@ and op i's run lasts E_i - E_(i-1): its kernel time k_i plus what the GPU waited
 in step because the host waits for the GPU between them in the runs memsim models: torch's training step reads
 the loss (`loss.item()`) after the backward and synchronizes after the step; Megatron's pipeline waits for each
 step's p2p calls (`batch_p2p_sync`). The slack a host may have built up before such a point is not carried over
-(an upper bound on the wait of a list's first ops). A collective's or an offload copy's launch costs the host too; its own
-run stays 0 s (its stream times it). CUDA graphs (`training.cuda_graphs`) replay a captured step with no per-kernel host
-work: the clock is off (api.py gives the device zero host costs).
+(an upper bound on the wait of a list's first ops). A collective's or an offload copy's launch costs the host
+too; its own run stays 0 s (its stream times it). CUDA graphs (`training.cuda_graphs`) replay a captured step with
+no per-kernel host work: the clock is off (api.py gives the device zero host costs).
 """
 
 from __future__ import annotations
