@@ -8,7 +8,8 @@ Framework defaults (read 2026-12-02):
 * tp_comm_overlap: false everywhere. Megatron-LM `--tp-comm-overlap` is `store_true` (megatron/training/
   arguments.py); NeMo's recipes switch it on (`ub_tp_comm_overlap: True`), so published NeMo runs say so
   explicitly. It needs sequence parallelism and each tensor-parallel group on one node over NVLink / NVSwitch
-  (Transformer Engine's examples/pytorch/comm_gemm_overlap README, "Requirements"). torch: async TP is a torch.compile / torchtitan option, off by default. DeepSpeed has none.
+  (Transformer Engine's examples/pytorch/comm_gemm_overlap README, "Requirements"). torch: async TP is a
+  torch.compile / torchtitan option, off by default. DeepSpeed has none.
 * tp_backward_overlap: megatron true — Megatron-Core's `LinearWithGradAccumulationAndAsyncCommunication` and
   Transformer Engine's `_Linear.backward` launch the column-parallel input all_gather (sequence parallelism) with
   `async_op=True` before the dgrad GEMM and the dgrad reduce_scatter (or all_reduce without sequence
