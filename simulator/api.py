@@ -11,8 +11,11 @@ from simulator import lifetime
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import MemsimError, PlanError
+from simulator.hardware.attention_backend import with_attention_backend
 from simulator.hardware.catalog import DeviceSpec
+from simulator.parallel.host_issue import run_device
 from simulator.parallel.lower import lower_single_rank
+from simulator.report.error_bars import iteration_interval
 from simulator.report.metrics import blend_skipped_steps, build_report, measured_window
 from simulator.scenario import Scenario
 from simulator.topology import Cluster, resolve_cluster
@@ -135,7 +138,9 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
 
 
 def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
-    """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores), with the file."""
+    """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores, an attention backend
+    it has no rate for, CUDA graphs off a GPU or where the step cannot be captured), with the file."""
+    _run_device(scenario, device)
     m, h = scenario.model, scenario.model.hidden_size
     shapes = [(m.ffn_hidden_size, h), (h, m.ffn_hidden_size)]
     try:
@@ -143,6 +148,15 @@ def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
                        device=device.name, speedup=device.sparse_gemm_speedup, mlp_shapes=shapes)
     except PlanError as error:
         raise PlanError(f"{scenario.source}: {error}") from None
+
+
+def _run_device(scenario: Scenario, device: DeviceSpec) -> DeviceSpec:
+    """The cluster's device as the run's kernels see it: the attention backend's rate, no host launch cost under CUDA
+    graphs (refusals name the key)."""
+    t = scenario.training
+    device = with_attention_backend(device, t.attention_backend, scenario.model.attention, t.precision,
+                                    scenario.source)
+    return run_device(scenario, device)
 
 
 def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
@@ -165,8 +179,8 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
         return simulate_multi(scenario, timelines=timelines, memory_workers=memory_workers)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
-    device = cluster.device
-    _check_device_options(scenario, device)
+    _check_device_options(scenario, cluster.device)
+    device = _run_device(scenario, cluster.device)
     recipe = recipe_for(scenario, device)
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
@@ -182,6 +196,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
         skipped = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
                                     _engine_options(False, memory_workers))
         blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
+    report.update(iteration_interval(report, scenario, cluster, trace))
     return Result(report, trace, scenario)
 
 
@@ -274,6 +289,7 @@ def _multi_setup(scenario: Scenario) -> tuple:
     from simulator.parallel.plan import make_plan
     from simulator.parallel.schedule_check import load_schedule
     from simulator.offload.config import offloading
+    from simulator.parallel.overlap import resolve_overlap
 
     cluster = resolve_cluster(scenario)
     device = cluster.device
@@ -286,6 +302,7 @@ def _multi_setup(scenario: Scenario) -> tuple:
                         f"host memory or PCIe links; offload needs a topology (one GPU: 'workstation-rtx4090')")
     topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
     plan = make_plan(scenario, topology)
+    resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)     # its refusals
     recipe = multi_recipe(scenario, device, cluster.topology)
     schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
     return cluster, topology, plan, recipe, schedule
@@ -294,16 +311,19 @@ def _multi_setup(scenario: Scenario) -> tuple:
 def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | None) -> Result:
     """simulate_multi's work, with the garbage collector paused."""
     from simulator.parallel.lower_multi import lower_multi
+    from simulator.parallel.overlap import resolve_overlap
     from simulator.report.metrics import build_multi_report
 
     cluster, topology, plan, recipe, schedule = _multi_setup(scenario)
-    device = cluster.device
+    device = _run_device(scenario, cluster.device)
     p = scenario.parallel
     shape, profile = model_shape(scenario), kernel_profile(device)
     workload = build_iteration(shape, recipe, profile) if p.pp == 1 else None
     full = scenario.run.full and plan.world_size > 1
+    overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
-                                      scenario.run.warmup_iterations, scenario.run.iterations, workload, full)
+                                      scenario.run.warmup_iterations, scenario.run.iterations, workload, full,
+                                      overlap)
     allocators = [_allocator(scenario, cluster) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                               _engine_options(timelines, memory_workers), topology=topology, plan=plan)
@@ -320,17 +340,19 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
         report = build_multi_report(scenario, cluster, plan, [programs[k] for k in keep], workloads, recipe, shown,
                                     offload)
     else:
+        shown = trace
         report = build_multi_report(scenario, cluster, plan, programs, workloads, recipe, trace, offload)
     fraction = scenario.training.skipped_steps_fraction
     if fraction > 0:
         # The same plan with every optimizer step skipped (the loss scaler's kernels only), simulated alone.
         skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer)) if workload else None
         others, _ = lower_multi(shape, recipe, profile, plan, schedule, device, scenario.run.warmup_iterations,
-                                scenario.run.iterations, skipping, full, skipped_steps=True)
+                                scenario.run.iterations, skipping, full, overlap, skipped_steps=True)
         skipped = simulate_programs(others, [_allocator(scenario, cluster) for _ in others],
                                     [cluster.allocator_capacity_bytes] * len(others),
                                     _engine_options(False, memory_workers), topology=topology, plan=plan)
         blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
+    report.update(iteration_interval(report, scenario, cluster, shown))
     lifetime.keep(programs, workloads)
     return Result(report, trace, scenario, plan)
 

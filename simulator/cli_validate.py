@@ -1,4 +1,4 @@
-"""`memsim validate capture|compare` and `memsim calibrate`: capture torch runs, compare with them, fit the device.
+"""`memsim validate capture|compare|published` and `memsim calibrate`: capture torch runs, compare with them, fit the device.
 
 Registered in simulator/cli.py with::
 
@@ -20,7 +20,7 @@ import typer
 
 from simulator.errors import DataError, MemsimError
 
-__all__ = ["validate_app", "calibrate_command", "capture_command", "compare_command"]
+__all__ = ["validate_app", "calibrate_command", "capture_command", "compare_command", "published_command"]
 
 validate_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="Capture real torch training steps and compare memsim's predictions with them.")
@@ -79,6 +79,36 @@ def compare_command(
         _fail(str(error))
         return
     sys.stdout.write(json.dumps(report_dict(report), indent=1) + "\n" if as_json else format_report(report))
+
+
+@validate_app.command("published")
+def published_command(
+    folder: Annotated[Optional[Path], typer.Argument(
+        help="Folder of published-run files (default: validation/published).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Predict only this run (repeatable).")] = None,
+    which: Annotated[str, typer.Option("--set", help="development, holdout or all.")] = "all",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Also write the table as JSON to this file.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
+) -> None:
+    """Predict every published real training run with default parameters and print predicted vs measured time."""
+    import json
+
+    from simulator.io import atomic_write_text
+    from validation.published import PUBLISHED_DIR, format_table, load_runs, report_dict, run_all
+
+    try:
+        runs = load_runs(folder or PUBLISHED_DIR, only or [], which)
+        predictions = run_all(runs, progress=None if as_json else lambda line: typer.echo(line, err=True))
+        document = json.dumps(report_dict(predictions), indent=1) + "\n"
+        if out is not None:
+            atomic_write_text(out, document)
+    except MemsimError as error:
+        _fail(str(error))
+        return
+    except OSError as error:
+        _fail(f"{out}: cannot write: {error.strerror or error}")
+        return
+    sys.stdout.write(document if as_json else format_table(predictions))
 
 
 def calibrate_command(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from collections.abc import Mapping
@@ -16,7 +17,8 @@ CALIBRATION_FORMAT = "memsim-calibration-1"
 # DeviceSpec fields a calibration file may set (dict fields take a table of dtype -> value).
 CALIBRATABLE_FIELDS = ("launch_overhead_s", "hbm_efficiency", "hbm_bytes_per_s", "l2_bytes_per_s",
                        "attention_efficiency", "gemm_efficiency", "gemm_k_overhead", "gemm_unaligned_efficiency",
-                       "peak_flop_per_s")
+                       "peak_flop_per_s", "comm_kernel_sms", "host_forward_op_s", "host_backward_op_s",
+                       "host_checkpoint_s", "host_optimizer_tensor_s")
 _DICT_FIELDS = ("gemm_efficiency", "peak_flop_per_s")
 
 
@@ -39,6 +41,10 @@ class Calibration:
     torch_version: str
     fields: Mapping[str, object]
     links: tuple[LinkFit, ...] = ()
+    fitted: Mapping[str, float] = field(default_factory=dict)     # [fitted]: the fit's own rates
+    ci95: Mapping[str, tuple[float, float]] = field(default_factory=dict)   # [ci95]: their bootstrap intervals
+    bootstrap: int = 0
+    data_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ def read_calibration(path: str | Path) -> Calibration:
             if not isinstance(value, dict) or not value:
                 raise DataError(f"{name}: fields.{key} = {value!r} must be a table of dtype -> number")
             fields[key] = {dtype: float(_number(name, f"{key}.{dtype}", v)) for dtype, v in value.items()}
-        elif key == "gemm_k_overhead":
+        elif key in ("gemm_k_overhead", "comm_kernel_sms"):
             fields[key] = int(_number(name, key, value, integer=True))
         else:
             fields[key] = float(_number(name, key, value))
@@ -116,7 +122,18 @@ def read_calibration(path: str | Path) -> Calibration:
             except (KeyError, TypeError, ValueError):
                 raise DataError(f"{name}: links.{collective}.{world} must have numbers latency_s and "
                                 f"bytes_per_s") from None
-    return Calibration(name, device, str(data.get("torch_version", "")), fields, tuple(links))
+    fitted, ci95 = {}, {}
+    for key, value in (data.get("fitted") or {}).items():
+        interval = (data.get("ci95") or {}).get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                isinstance(interval, list) and len(interval) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in interval)):
+            continue            # only the rates with a numeric interval feed the iteration-time interval
+        fitted[key], ci95[key] = float(value), (float(interval[0]), float(interval[1]))
+    bootstrap = data.get("bootstrap", 0)
+    return Calibration(name, device, str(data.get("torch_version", "")), fields, tuple(links), fitted, ci95,
+                       bootstrap if isinstance(bootstrap, int) and not isinstance(bootstrap, bool) else 0,
+                       str(data.get("data_dir", "")))
 
 
 def apply_calibration(device: DeviceSpec, calibration: Calibration) -> DeviceSpec:
@@ -135,6 +152,10 @@ def apply_calibration(device: DeviceSpec, calibration: Calibration) -> DeviceSpe
             source.update({f"{key}.{sub}": note for sub in value})
         else:
             source[key] = note
+    if "hbm_efficiency" in calibration.fields:
+        # The fit measured one rate for every memory-bound op: it replaces the catalog's rates by op class.
+        device = dataclasses.replace(device, hbm_efficiency_by_class={}, source={
+            k: v for k, v in device.source.items() if not k.startswith("hbm_efficiency_by_class.")})
     try:
         return with_overrides(device, **dict(calibration.fields), source=source)
     except TopologyError as error:

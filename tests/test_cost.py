@@ -54,7 +54,7 @@ def test_large_square_bf16_gemm_on_h100_is_flops_over_peak_times_efficiency():
 def test_memory_bound_elementwise_scales_with_bytes():
     one = op_time_s(elementwise_op(2**26), H100) - H100.launch_overhead_s
     two = op_time_s(elementwise_op(2**27), H100) - H100.launch_overhead_s
-    assert one == pytest.approx(2**26 / (3350e9 * 0.887), rel=1e-12)
+    assert one == pytest.approx(2**26 / (3350e9 * H100.hbm_efficiency_by_class["elementwise"]), rel=1e-12)
     assert two == pytest.approx(2 * one, rel=1e-12)
     assert op_cost(elementwise_op(2**26), H100).bound == "hbm"
 
@@ -63,7 +63,8 @@ def test_l2_hits_help_only_memory_bound_ops():
     small = elementwise_op(16 * 2**20)
     hit = small.bytes_read  # the input was just written by its producer and is still in L2
     assert op_time_s(small, H100, l2_hit_bytes=hit) < op_time_s(small, H100)
-    expected = max((small.bytes_written) / (3350e9 * 0.887), hit / H100.l2_bytes_per_s)
+    expected = max((small.bytes_written) / (3350e9 * H100.hbm_efficiency_by_class["elementwise"]),
+                   hit / H100.l2_bytes_per_s)
     assert op_time_s(small, H100, l2_hit_bytes=hit) == pytest.approx(expected + H100.launch_overhead_s)
     big = gemm_op(8192, 8192, 8192)
     assert op_time_s(big, H100, l2_hit_bytes=big.bytes_read) == op_time_s(big, H100)

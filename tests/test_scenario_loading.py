@@ -193,7 +193,8 @@ def test_bad_override_messages(override, expected):
     ({"parallel": {"zero": 1}}, "x.toml: parallel.zero = 1: unknown key in [parallel]; did you mean 'zero_stage'?"),
     ({"parallel": {"qqqqq": 1}}, "x.toml: parallel.qqqqq = 1: unknown key in [parallel] (allowed: tp, pp, dp, "
      "sequence_parallel, schedule, virtual_stages, zero_stage, offload_optimizer, offload_params, "
-     "offload_activations, gradient_compression, gradient_compression_stage, bucket_size, prefetch_bucket_size, placement)"),
+     "offload_activations, gradient_compression, gradient_compression_stage, bucket_size, prefetch_bucket_size, "
+     "placement, tp_comm_overlap, tp_backward_overlap, overlap_grad_reduce, overlap_param_gather, overlap_p2p_comm)"),
     ({"model": {"num_layers": "4"}}, "x.toml: model.num_layers = '4': must be a positive integer"),
     ({"model": {"num_layers": 0}}, "x.toml: model.num_layers = 0: must be a positive integer"),
     ({"model": {"num_layers": True}}, "x.toml: model.num_layers = True: must be a positive integer"),

@@ -1,4 +1,4 @@
-"""The device catalog: `DeviceSpec` (one accelerator or host CPU, every number with its source) and lookups."""
+"""The device catalog: the DeviceSpec of every accelerator and the host CPU memsim knows, and lookups."""
 
 from __future__ import annotations
 
@@ -6,208 +6,26 @@ import dataclasses
 import difflib
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from simulator.errors import TopologyError
-
-KINDS = ("gpu", "cpu")
-FLOP_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-DROPOUT_MASK_DTYPES = ("bool", "input")
-ALLOCATORS = ("caching", "exact")
-# PCIe payload rate per lane and direction (GT/s x 128b/130b / 8 bits), PCI-SIG base specifications 3.0-5.0;
-# x16: Gen4 31.5 GB/s, Gen5 63.0 GB/s as in shared/reference/hardware.md.
-PCIE_BYTES_PER_S_PER_LANE = MappingProxyType({3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9})
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One compute device: capacities, rates, calibratable efficiencies and the kernel behaviour torch shows on it.
-
-    Units are SI (bytes, bytes/s, FLOP/s, seconds, watts). `peak_flop_per_s` and `gemm_efficiency` are keyed
-    by compute dtype ("fp32" is the CUDA-core / vector rate, "tf32"/"bf16"/"fp16"/"fp8" tensor-core rates);
-    a dtype missing from `peak_flop_per_s` is unsupported and the cost model falls back (fp8 -> bf16).
-    `source` maps each numeric field (dict entries as "field.key") to where its value comes from.
-    The dict fields are plain dicts so specs pickle; treat them as read-only and use `with_overrides`.
-    """
-
-    name: str
-    display_name: str
-    kind: str
-    memory_bytes: int                    # capacity torch reports (cudaDeviceProp.totalGlobalMem); host RAM for cpu
-    hbm_bytes_per_s: float               # device-memory bandwidth (datasheet peak; measured copy for cpu)
-    l2_bytes: int                        # last-level on-chip cache (L2; Infinity Cache on MI300X; L3 for cpu)
-    l2_bytes_per_s: float
-    sm_count: int                        # SMs / CUs (torch threads for cpu): the unit of wave quantization
-    peak_flop_per_s: dict[str, float]
-    launch_overhead_s: float             # added to every op: kernel launch / eager dispatch
-    context_bytes: int                   # outside the allocator: CUDA/HIP context and lazily loaded kernels
-    cublas_workspace_bytes: int          # torch's cuBLAS(+Lt) workspace per (handle, stream), inside the allocator
-    tdp_w: float
-    pcie_gen: int
-    pcie_lanes: int
-    nvlink_bytes_per_s_per_direction: float   # GPU-GPU fabric per direction (NVLink, Infinity Fabric); 0 if none
-    gemm_efficiency: dict[str, float]    # fraction of peak a large GEMM of gemm_reference_mnk reaches, by dtype
-    hbm_efficiency: float                # fraction of hbm_bytes_per_s a streaming kernel reaches
-    attention_efficiency: float          # fraction of the tensor peak a fused attention kernel reaches
-    gemm_tile_mn: int                    # output tile edge for tile/wave quantization
-    gemm_k_overhead: int                 # per-tile fixed cost in units of k (pipeline fill): k/(k + this)
-    gemm_reference_mnk: tuple[int, int, int]  # the shape at which gemm_efficiency was measured
-    # Most of the tensor peak a GEMM reaches when its dimensions are aligned to 4 or 8 bytes only (half of it at
-    # 2 bytes, a quarter at 1: hardware/cost.py gemm_unaligned_cap); 0: not modelled.
-    gemm_unaligned_efficiency: float
-    dropout_mask_dtype: str              # "bool": fused CUDA dropout saves 1 byte/element; "input": input's dtype
-    sdpa_flash_with_dropout: bool        # SDPA keeps its flash kernel when dropout_p > 0
-    default_allocator: str               # "caching" (PyTorch CUDA caching allocator) or "exact"
-    optimizer_foreach: bool              # torch optimizers default to foreach (multi-tensor) kernels
-    # Resident threads per SM: sizes the global staging buffer of torch's CUDA reductions (bias and norm-weight
-    # gradients, simulator/workload/reductions.py); 0 where that buffer is not modelled (CPU, ROCm).
-    max_threads_per_sm: int = 0
-    # torch's autograd engine runs CUDA backward on its own thread, whose cuBLAS handle gets one more workspace.
-    backward_workspace_bytes: int = 0
-    # 2:4 semi-structured sparse GEMMs run at this multiple of the dense tensor rate (sparse tensor cores with
-    # torch's CUTLASS / cuSPARSELt kernels); 1.0: none (training.sparsity = "2:4" is refused).
-    sparse_gemm_speedup: float = 1.0
-    source: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        """Validate every field; raise TopologyError naming the device, the field, the value and the rule."""
-        def bad(key: str, value: object, rule: str) -> TopologyError:
-            return TopologyError(f"device {self.name!r}: {key} = {value!r} {rule}")
-
-        if not self.name or self.name != self.name.strip().lower():
-            raise bad("name", self.name, "must be a non-empty lower-case key")
-        if self.kind not in KINDS:
-            raise bad("kind", self.kind, f"must be one of {', '.join(KINDS)}")
-        for key in ("memory_bytes", "l2_bytes", "sm_count", "gemm_tile_mn"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise bad(key, value, "must be a positive integer")
-        for key in ("context_bytes", "cublas_workspace_bytes", "pcie_gen", "pcie_lanes", "gemm_k_overhead",
-                    "max_threads_per_sm", "backward_workspace_bytes"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise bad(key, value, "must be a non-negative integer")
-        for key in ("hbm_bytes_per_s", "l2_bytes_per_s"):
-            if not _is_number(getattr(self, key)) or getattr(self, key) <= 0:
-                raise bad(key, getattr(self, key), "must be a positive number")
-        for key in ("launch_overhead_s", "tdp_w", "nvlink_bytes_per_s_per_direction"):
-            if not _is_number(getattr(self, key)) or getattr(self, key) < 0:
-                raise bad(key, getattr(self, key), "must be a non-negative number")
-        if not _is_number(self.gemm_unaligned_efficiency) or not 0 <= self.gemm_unaligned_efficiency <= 1:
-            raise bad("gemm_unaligned_efficiency", self.gemm_unaligned_efficiency, "must be in [0, 1] (0: not modelled)")
-        if not _is_number(self.sparse_gemm_speedup) or self.sparse_gemm_speedup < 1:
-            raise bad("sparse_gemm_speedup", self.sparse_gemm_speedup, "must be a number >= 1 (1: no sparse GEMMs)")
-        for key in ("hbm_efficiency", "attention_efficiency"):
-            value = getattr(self, key)
-            if not _is_number(value) or not 0 < value <= 1:
-                raise bad(key, value, "must be in (0, 1]")
-        if "fp32" not in self.peak_flop_per_s:
-            raise bad("peak_flop_per_s", self.peak_flop_per_s, "must contain 'fp32'")
-        for dtype, rate in self.peak_flop_per_s.items():
-            if dtype not in FLOP_DTYPES:
-                raise bad(f"peak_flop_per_s.{dtype}", rate, f"has an unknown dtype (allowed: {', '.join(FLOP_DTYPES)})")
-            if not _is_number(rate) or rate <= 0:
-                raise bad(f"peak_flop_per_s.{dtype}", rate, "must be a positive number")
-        if sorted(self.gemm_efficiency) != sorted(self.peak_flop_per_s):
-            raise bad("gemm_efficiency", sorted(self.gemm_efficiency),
-                      f"must have the dtypes of peak_flop_per_s ({', '.join(sorted(self.peak_flop_per_s))})")
-        for dtype, value in self.gemm_efficiency.items():
-            # Above 1 is allowed: GeForce cards boost past the clock their datasheet rates are quoted at.
-            if not _is_number(value) or not 0 < value <= 2:
-                raise bad(f"gemm_efficiency.{dtype}", value, "must be in (0, 2]")
-        mnk = self.gemm_reference_mnk
-        if len(mnk) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in mnk):
-            raise bad("gemm_reference_mnk", mnk, "must be three positive integers (m, n, k)")
-        if self.dropout_mask_dtype not in DROPOUT_MASK_DTYPES:
-            raise bad("dropout_mask_dtype", self.dropout_mask_dtype, f"must be one of {', '.join(DROPOUT_MASK_DTYPES)}")
-        if self.default_allocator not in ALLOCATORS:
-            raise bad("default_allocator", self.default_allocator, f"must be one of {', '.join(ALLOCATORS)}")
-        if self.pcie_gen and self.pcie_gen not in PCIE_BYTES_PER_S_PER_LANE:
-            raise bad("pcie_gen", self.pcie_gen, f"must be 0 or one of {sorted(PCIE_BYTES_PER_S_PER_LANE)}")
-        for key, text in self.source.items():
-            if not isinstance(text, str):
-                raise bad(f"source.{key}", text, "must be a string")
-
-    def __hash__(self) -> int:
-        """Hash by identity-defining scalars (the dict fields are unhashable); equal specs hash equal."""
-        return hash((self.name, self.memory_bytes, self.hbm_bytes_per_s, self.sm_count, self.launch_overhead_s))
-
-    @property
-    def usable_bytes(self) -> int:
-        """Bytes the allocator can reserve: capacity minus what the runtime context takes."""
-        return self.memory_bytes - self.context_bytes
-
-    @property
-    def pcie_bytes_per_s_per_direction(self) -> float:
-        """Raw host-link rate per direction from pcie_gen and pcie_lanes (0.0 without PCIe)."""
-        return PCIE_BYTES_PER_S_PER_LANE.get(self.pcie_gen, 0.0) * self.pcie_lanes
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-
-
-def source_keys(spec: DeviceSpec) -> list[str]:
-    """Every key `spec.source` must have: numeric fields, and "field.key" for each dict entry.
-
-    Args:
-        spec: the device.
-
-    Returns:
-        Keys in field order, e.g. ["memory_bytes", ..., "peak_flop_per_s.bf16", ...].
-    """
-    keys = []
-    for item in dataclasses.fields(spec):
-        value = getattr(spec, item.name)
-        if isinstance(value, dict) and item.name != "source":
-            keys.extend(f"{item.name}.{key}" for key in value)
-        elif isinstance(value, tuple) or (_is_number(value) and not isinstance(value, bool)):
-            keys.append(item.name)
-    return keys
+from simulator.hardware.device_spec import (  # noqa: F401  callers import these from the catalog
+    ATTENTION_BACKENDS, FLOP_DTYPES, DeviceSpec, source_keys,
+)
+from simulator.hardware.measured import (  # noqa: F401  HOPPER_KERNELS, HOST_ISSUE: tests import them from here
+    COMM_SMS, FLASH2_DEFAULT, HOPPER_ATTENTION, HOPPER_BACKENDS, HOPPER_DEFAULT_BACKEND, HOPPER_KERNELS, HOST_FIELDS,
+    HOST_ISSUE, hopper_hbm_by_class,
+)
+from simulator.hardware.sources import (  # noqa: F401  the source strings the entries below cite
+    MIB, HW_MD, A100_WP, H100_DS, H200_DS, GA102_WP, AD102_WP, MI300X_DS, ZZC, AZURE, CHSASANK, TILELANG,
+    L2_5120, CUBLAS_WS, CONTEXT, LAUNCH, THREADS_PER_SM, UNALIGNED_HOPPER, UNALIGNED_OTHERS,
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Sources. Datasheet and whitepaper numbers are those of shared/reference/hardware.md; measured fractions cite
-# the public run they come from (ratios computed here: measured / datasheet peak).
-MIB = 2**20
-HW_MD = "shared/reference/hardware.md"
-A100_WP = f"NVIDIA A100 datasheet and Ampere GA100 architecture whitepaper (2020); {HW_MD}"
-H100_DS = f"NVIDIA H100 Tensor Core GPU datasheet and Hopper architecture whitepaper; {HW_MD}"
-H200_DS = f"NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s; compute as H100 SXM); {HW_MD}"
-GA102_WP = f"NVIDIA Ampere GA102 architecture whitepaper, RTX 3090 column (dense, FP32 accumulate); {HW_MD}"
-AD102_WP = f"NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 column (dense, FP32 accumulate); {HW_MD}"
-MI300X_DS = f"AMD Instinct MI300X data sheet and CDNA 3 white paper (dense); {HW_MD}"
-ZZC = ("github.com/zzc0721/torch-performance-test-data database.md (torch.mm, best of square sizes 1024..10240, "
-       "30 timed after 6 warm-ups)")
-AZURE = "github.com/Azure/AI-benchmarking-guide Azure_Results (read in fork samuel-bohman/AI-benchmarking-guide)"
-CHSASANK = ("github.com/chsasank/device-benchmarks README (torch tensor copy, bytes read + written, "
-            "up to 0.38 GB buffers)")
-TILELANG = "github.com/tile-ai/tilelang tilelang/carver/arch"
-L2_5120 = ("5120 B/clk of L2 read bandwidth (A100 whitepaper: 2.3x V100's 2048 B/clk; PMC10448217 Table 3 lists "
-           "7219 GB/s for A100 at 1410 MHz and 8986 GB/s for H100 at 1755 MHz = 5120 B/clk)")
-CUBLAS_WS = ("torch aten/src/ATen/cuda/CublasHandlePool.cpp (pytorch/pytorch@26a39059): cuBLAS workspace "
-             "{ws} + cuBLASLt workspace {lt} per (handle, stream), allocated through the caching allocator")
-CONTEXT = ("estimate, calibratable: CUDA context with lazy module loading measured 287,047,680 B after a first "
-           "tensor (pytorch/pytorch#86509) and 426 MiB (unslothai/unsloth-zoo#1053, RTX 6000 Ada, CUDA 13.0); "
-           "~300-400 MB per pytorch/pytorch#107667 and #109888; rounded up to 512 MiB for kernels that "
-           "cuBLAS/cuDNN/attention load lazily during training")
-LAUNCH = ("estimate, calibratable: eager torch op ~5-7 us on the host (pytorch/pytorch#41383), raw cuLaunchKernel "
-          "~3 us (meta-pytorch/tritonbench#1017), 1.1-1.3 us per kernel on the GPU under graph replay "
-          "(pytorch/pytorch#161104); 5 us = the eager cost that bounds small kernels")
-THREADS_PER_SM = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability': {n} resident "
-                  "threads per SM for compute capability {cc}; torch max_threads_per_multi_processor = 2048 on an "
-                  "H200 (validation/data/cuda/reductions.json)")
-UNALIGNED_HOPPER = (
-    "measured on one H200, torch 2.11 + CUDA 13.0 (validation/data/cuda-large/gemm_alignment*.json: python -m "
-    "validation.cuda.gemm_alignment): the forward, input- and weight-gradient GEMMs of linear layers with output "
-    "widths 4097, 30522, 32001, 50257, 50258, 50260 (inputs 768-12288, 2048-8192 tokens) ran, FLOP over summed "
-    "time, at 0.255-0.271 of the tensor peak with 4- or 8-byte alignment (bf16, fp16, tf32) and 0.127-0.132 "
-    "with 2-byte alignment, whatever the shape, where the 16-byte-aligned widths next to them ran at 0.7-0.8; "
-    "assumed for the H100 (the same sm_90 cuBLAS kernels)")
-UNALIGNED_OTHERS = ("not modelled (0): NVIDIA's 'Matrix Multiplication Background' guide names the 16-byte rule "
-                    "for every tensor-core GPU, but the H200 figure comes from Hopper's TMA kernels and was not "
-                    "measured here; a calibration file can set it")
+# Shared fields. Source strings are in sources.py (datasheet and whitepaper numbers are those of
+# shared/reference/hardware.md; measured fractions cite the public run they come from, ratios computed here:
+# measured / datasheet peak); values derived from measurements are in measured.py.
 GPU_FLAGS = MappingProxyType({"dropout_mask_dtype": "bool", "sdpa_flash_with_dropout": True,
                               "default_allocator": "caching", "optimizer_foreach": True})
 GPU_GEMM_SHAPE = MappingProxyType({
@@ -243,6 +61,7 @@ def _nvidia(**fields: object) -> DeviceSpec:
     ws, lt = (33_554_432 if hopper else 8_519_680), 1_048_576
     defaults: dict[str, object] = {
         "kind": "gpu", "launch_overhead_s": (5e-6, LAUNCH), "context_bytes": (512 * MIB, CONTEXT),
+        "comm_kernel_sms": (16, COMM_SMS), **HOST_FIELDS,
         "max_threads_per_sm": (2048, THREADS_PER_SM.format(cc="8.0 and 9.0", n=2048)),
         "backward_workspace_bytes": (ws, f"{ws:,} B: the cuBLAS workspace of the autograd thread's own handle "
                                          "(no cuBLASLt one: backward GEMMs have no bias epilogue); measured on an "
@@ -272,13 +91,14 @@ def _a100(name: str, display: str, memory: tuple[int, str], hbm: float, tdp: flo
         hbm_efficiency=(0.834, f"{assumed}{AZURE} ND_A100_v4 (A100-SXM4-80GB): STREAM triad 1.70 TB/s / 2.039 "
                                "TB/s"),
         attention_efficiency=(0.575, f"{assumed}{AZURE} ND_A100_v4: FlashAttention-2 179.5 TFLOP/s (head dim 64, "
-                                     "seq 8192) / 312; FlashAttention-2 paper reports 50-73% of peak on A100"))
+                                     "seq 8192) / 312; FlashAttention-2 paper reports 50-73% of peak on A100"),
+        **FLASH2_DEFAULT)
 
 
 def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, str], l2: tuple[int, str],
             clock_mhz: float, sms: tuple[int, str], peaks: dict[str, tuple[float, str]], tdp: tuple[float, str],
             nvlink: tuple[float, str], eff: dict[str, tuple[float, str]], hbm_eff: tuple[float, str],
-            attn: tuple[float, str]) -> DeviceSpec:
+            attn: tuple[float, str], hbm_by_class: dict[str, tuple[float, str]]) -> DeviceSpec:
     return _nvidia(
         hopper=True, name=name, display_name=display, memory_bytes=memory, hbm_bytes_per_s=hbm, l2_bytes=l2,
         sparse_gemm_speedup=(2.0, f"{H100_DS}: 1,979 TFLOP/s FP16/BF16 with sparsity = 2 x 989.4 dense"),
@@ -286,7 +106,9 @@ def _hopper(name: str, display: str, memory: tuple[int, str], hbm: tuple[float, 
                                                   "per-clock L2 width)"),
         sm_count=sms, peak_flop_per_s=peaks, tdp_w=tdp, pcie_gen=(5, H100_DS), pcie_lanes=(16, H100_DS),
         nvlink_bytes_per_s_per_direction=nvlink, gemm_efficiency=eff, hbm_efficiency=hbm_eff,
-        attention_efficiency=attn, gemm_unaligned_efficiency=(0.262, UNALIGNED_HOPPER))
+        attention_efficiency=attn, gemm_unaligned_efficiency=(0.262, UNALIGNED_HOPPER),
+        hbm_efficiency_by_class=hbm_by_class, attention_backend=("cudnn", HOPPER_DEFAULT_BACKEND),
+        attention_backend_speed=dict(HOPPER_BACKENDS))
 
 
 _H100_SXM_PEAKS = MappingProxyType({"fp32": (66.9e12, H100_DS), "tf32": (494.7e12, H100_DS),
@@ -337,8 +159,9 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                 (132, H100_DS), _H100_SXM_PEAKS, (700, H100_DS),
                 (450e9, f"NVLink4 900 GB/s total = 450 GB/s per direction; {H100_DS}"), _H100_EFF,
                 (0.887, f"{AZURE} ND_H100_v5: STREAM triad 2.97 TB/s / 3.35 TB/s"),
-                (0.331, f"{AZURE} ND_H100_v5: FlashAttention-2 327.9 TFLOP/s (head dim 128, seq 8192) / 989.4; "
-                        "FlashAttention-3 reaches ~75% (paper), not torch's default SDPA kernel")),
+                (HOPPER_ATTENTION[0], f"assumed equal to the H200 (the same sm_90 kernels and clocks): "
+                                      f"{HOPPER_ATTENTION[1]}"),
+                hopper_hbm_by_class(2.97, 3.35, f"the H100 SXM's ({AZURE} ND_H100_v5)")),
         _hopper("h100-pcie", "NVIDIA H100 80GB PCIe",
                 (81008 * MIB, "torch get_device_properties 'NVIDIA H100 PCIe ... total_memory=81008MB, "
                               "multi_processor_count=114' quoted in a public repository"),
@@ -348,7 +171,8 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                  "fp16": (756e12, H100_DS), "fp8": (1513e12, H100_DS)},
                 (350, H100_DS), (0.0, "PCIe card: NVLink only through an optional bridge, not modeled"),
                 h100_pcie_eff, (0.887, "assumed equal to h100-sxm (Azure STREAM triad 2.97/3.35)"),
-                (0.331, "assumed equal to h100-sxm (Azure FlashAttention-2 327.9/989.4)")),
+                (HOPPER_ATTENTION[0], f"assumed equal to the H200: {HOPPER_ATTENTION[1]}"),
+                hopper_hbm_by_class(2.97, 3.35, "(assumed equal to h100-sxm) the H100 SXM's")),
         _hopper("h200-sxm", "NVIDIA H200 141GB SXM",
                 (143156 * MIB, "torch get_device_properties 'NVIDIA H200 ... total_memory=143156MB, "
                                "multi_processor_count=132, L2_cache_size=60MB' (ai-bot-pro/achatbot "
@@ -365,7 +189,7 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                  "fp16": (0.768, f"{ZZC}: H200 fp16 759.40 TFLOP/s / 989.4"),
                  "fp8": (0.657, f"{AZURE} ND_H200_v5: cuBLASLt FP8 8192^3 1300.6 TFLOP/s / 1978.9")},
                 (0.865, f"{AZURE} ND_H200_v5: STREAM triad 4.15 TB/s / 4.8 TB/s"),
-                (0.333, f"{AZURE} ND_H200_v5: FlashAttention-2 329.3 TFLOP/s (head dim 128, seq 8192) / 989.4")),
+                HOPPER_ATTENTION, hopper_hbm_by_class(4.15, 4.8, "the H200's own")),
         _nvidia(hopper=False, name="rtx-3090", display_name="NVIDIA GeForce RTX 3090",
                 memory_bytes=(25_286_672_384, "cudaDeviceProp totalGlobalMem 25286672384 bytes "
                                               "(Jumperkables/cuda-benchmarking 00_deviceQuery/README.md); HF "
@@ -389,6 +213,7 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                                     "above the rated 1695 MHz"),
                     "fp16": (1.065, f"{ZZC}: RTX 3090 fp16 75.48, 75.64, 75.88 TFLOP/s (median) / 71")},
                 hbm_efficiency=(0.888, f"{CHSASANK}: Nvidia 3090 831 GB/s / 936 GB/s"),
+                **FLASH2_DEFAULT,
                 attention_efficiency=(0.6, "assumed: FlashAttention-2 paper reports 50-73% of peak on A100; no "
                                            "RTX 3090 measurement found")),
         _nvidia(hopper=False, name="rtx-4090", display_name="NVIDIA GeForce RTX 4090",
@@ -415,6 +240,7 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                     "fp16": (1.008, f"{ZZC}: RTX 4090 24GB fp16 162.35-171.06 TFLOP/s (median 166.4) / 165.2"),
                     "fp8": (1.0, "assumed equal to bf16 (no FP8 measurement found)")},
                 hbm_efficiency=(0.905, f"{CHSASANK}: Nvidia 4090 912 GB/s / 1008 GB/s"),
+                **FLASH2_DEFAULT,
                 attention_efficiency=(0.6, "assumed: FlashAttention-2 paper reports 50-73% of peak on A100; no "
                                            "RTX 4090 measurement found")),
         _build(name="mi300x", display_name="AMD Instinct MI300X", kind="gpu",
@@ -437,6 +263,9 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                                       "other rules (Reduce.cuh USE_ROCM), and no MI300X measurement exists here"),
                backward_workspace_bytes=(0, "not modelled: the autograd thread's hipBLAS(Lt) workspace was not "
                                             "measured on ROCm"),
+               comm_kernel_sms=(16, f"assumed as for CUDA (RCCL's channels, no MI300X measurement): {COMM_SMS}"),
+               **{key: (value, f"assumed as for CUDA (no ROCm host measurement): {text}")
+                  for key, (value, text) in HOST_FIELDS.items()},
                cublas_workspace_bytes=(134_217_728 + 79_691_776, "torch CublasHandlePool.cpp (pytorch/pytorch@"
                                        "26a39059), ROCm: hipBLAS workspace 128 MiB on gfx94x + hipBLASLt 76 MiB"),
                tdp_w=(750, MI300X_DS), pcie_gen=(5, MI300X_DS), pcie_lanes=(16, MI300X_DS),
@@ -450,6 +279,9 @@ def _catalog() -> tuple[DeviceSpec, ...]:
                    "fp8": (0.443, f"{AZURE} ND_MI300X_v5: hipBLASLt FP8 8192^3 1159.23 TFLOP/s / 2614.9")},
                hbm_efficiency=(0.772, f"{AZURE} ND_MI300X_v5: STREAM triad 4.09 TB/s / 5.3 TB/s"),
                attention_efficiency=(0.251, f"{AZURE} ND_MI300X_v5: FlashAttention-2 328.6 TFLOP/s / 1307.4"),
+               attention_backend=("flash2", "the ROCm FlashAttention-2 of the measurement above (torch's SDPA on "
+                                            "MI300X uses it)"),
+               attention_backend_speed={"flash2": (1.0, "the measured backend")},
                **{**GPU_GEMM_SHAPE, "gemm_unaligned_efficiency": (0.0, "not modelled (0): no hipBLASLt "
                                                                       "measurement of unaligned shapes")},
                **GPU_FLAGS),
@@ -498,6 +330,8 @@ def _cpu() -> DeviceSpec:
         cublas_workspace_bytes=(0, "no cuBLAS on the host"),
         max_threads_per_sm=(0, "no CUDA reduction kernel on the host: its staging buffers do not apply"),
         backward_workspace_bytes=(0, "no cuBLAS handle on the autograd thread on the host"),
+        comm_kernel_sms=(0, "gloo collectives run on host threads, not on compute units the kernels share"),
+        **{key: (0.0, "0: the host is the device; its dispatch cost is launch_overhead_s") for key in HOST_ISSUE},
         tdp_w=(0.0, "not modeled: a slice of a shared cloud VM has no meaningful TDP"),
         pcie_gen=(0, "the host is the PCIe root, not a device on it"), pcie_lanes=(0, "no PCIe link"),
         nvlink_bytes_per_s_per_direction=(0.0, "no GPU fabric"),
@@ -523,7 +357,9 @@ ALIASES = MappingProxyType({"a100": "a100-80gb-sxm", "h100": "h100-sxm", "h200":
 def _copy(spec: DeviceSpec) -> DeviceSpec:
     """A copy with its own dicts, so a caller mutating one cannot change the catalog."""
     return dataclasses.replace(spec, peak_flop_per_s=dict(spec.peak_flop_per_s),
-                               gemm_efficiency=dict(spec.gemm_efficiency), source=dict(spec.source))
+                               gemm_efficiency=dict(spec.gemm_efficiency), source=dict(spec.source),
+                               hbm_efficiency_by_class=dict(spec.hbm_efficiency_by_class),
+                               attention_backend_speed=dict(spec.attention_backend_speed))
 
 
 def list_devices() -> list[DeviceSpec]:

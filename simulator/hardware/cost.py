@@ -1,14 +1,15 @@
 """Roofline cost of one op on one device: max(compute, HBM, L2 time) + launch overhead, shape-aware GEMM efficiency.
 
     time = max(flops / (peak[dtype] * efficiency(op class, shape) * sm_fraction),
-               hbm_bytes / (hbm_bytes_per_s * hbm_efficiency),
+               hbm_bytes / (hbm_bytes_per_s * hbm_efficiency[op class]),
                l2_hit_bytes / l2_bytes_per_s) + launch_overhead_s
     hbm_bytes = bytes_read + bytes_written - l2_hit_bytes
 
 Rates: GEMM and attention ops run on the tensor rate of their dtype ("fp32" uses the fp32 CUDA-core rate,
 not tf32, unless the op says "tf32"; "fp8" falls back to bf16 on devices without fp8); every other op class
 (elementwise, norm, softmax, embedding, optimizer, copy) runs at the fp32 vector rate and is in practice
-bound by its bytes. GEMM efficiency = device.gemm_efficiency[dtype] scaled by the shape's tile and wave
+bound by its bytes, at device.hbm_efficiency_by_class of its class where measured, else device.hbm_efficiency.
+GEMM efficiency = device.gemm_efficiency[dtype] scaled by the shape's tile and wave
 quantization and a small-k penalty, relative to the shape at which that efficiency was measured, and capped
 by device.gemm_unaligned_efficiency when a dimension is not a multiple of 16 bytes of its dtype (cuBLAS then
 leaves its aligned tensor-core kernels: an unpadded vocabulary of 50,257 is the common case).
@@ -215,7 +216,8 @@ def op_cost(op: Op, device: DeviceSpec, l2_hit_bytes: int = 0, sm_fraction: floa
         raise ValueError(f"op {op.name!r}: sm_fraction = {sm_fraction!r} must be in (0, 1]")
     rate = effective_flop_per_s(op, device) * sm_fraction
     compute_s = op.flops / rate if op.flops else 0.0
-    hbm_s = (traffic_bytes - l2_hit_bytes) / (device.hbm_bytes_per_s * device.hbm_efficiency)
+    efficiency = device.hbm_efficiency_by_class.get(op.op_class, device.hbm_efficiency)
+    hbm_s = (traffic_bytes - l2_hit_bytes) / (device.hbm_bytes_per_s * efficiency)
     l2_s = l2_hit_bytes / device.l2_bytes_per_s
     terms = (("compute", compute_s), ("hbm", hbm_s), ("l2", l2_s))
     bound, longest_s = max(terms, key=lambda term: term[1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from simulator.hardware.catalog import DeviceSpec
 from simulator.hardware.cost import op_time_s
+from simulator.parallel.host_issue import host_issued
 from simulator.parallel.program import Alloc, Free, HostAlloc, Instruction, Mark, Program, Run
 from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, Op, Tensor
 from simulator.workload.training import IterationWorkload
@@ -29,6 +30,9 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
 
     `cache` (one per device), when given, keeps each distinct op signature's time: the many identical
     ops of a pipeline stage's micro-batches (and of stages alike) are costed once.
+
+    The list starts with the host in step with the GPU; each run also lasts what the GPU waits for the host
+    thread to launch it (parallel/host_issue.py).
     """
     runs: list[Run] = []
     previous_outputs: dict[int, int] = {}
@@ -51,7 +55,7 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
                 duration_s = cache[key] = op_time_s(op, device, hits)
         runs.append(Run(op, duration_s, iteration))
         previous_outputs = {tid: tensors[tid].nbytes for tid in op.outputs if tid in tensors}
-    return runs
+    return host_issued(runs, device)
 
 
 def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_iterations: int,

@@ -39,12 +39,14 @@ from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
 from simulator.parallel.offload_lowering import lower_offload
+from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Blocking, Collective, Free,
                                         Instruction, Mark, Period, Program, Recv, Run, Send, Signal,
                                         WaitFor, checked_collective, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
+from simulator.parallel.tp_overlap import Overlap, plan_overlaps, split_gemm
 from simulator.workload.graph import (BLOCKING, COLLECTIVE, FORWARD, GEMM, OFFLOAD_CLASSES, ON_COMM_STREAM,
                                       OPTIMIZER_STEP, OVERLAPPED, Op, Tensor, moved_ids)
 from simulator.workload.loss_scaler import skipped_step
@@ -116,6 +118,13 @@ class _Streams:
     peers: dict[int, int] = field(default_factory=dict)           # pipeline stage -> this rank's peer on it
     chunks: dict[int, int] = field(default_factory=dict)          # pipeline stage -> its chunk on its rank
     copies: list[tuple] = field(default_factory=list)   # Program.copies of the compute stream
+    overlap: OverlapOptions = NO_OVERLAP_CHANGE         # what the run overlaps (parallel/overlap.py)
+    deferred: list[Collective] = field(default_factory=list)   # reductions posted after the backward
+    unsent: list[str] = field(default_factory=list)     # blocking sends the next action waits for
+    gathering: list[str] = field(default_factory=list)  # parameter all_gathers the first forward runs beside
+    device: DeviceSpec | None = None                    # the rank's GPU (SMs a GEMM keeps beside communication)
+    plans: dict[int, tuple] = field(default_factory=dict)    # id(timed ops) -> (them, their Overlaps)
+    halves: dict[int, tuple] = field(default_factory=dict)   # id(op) -> (op, split_gemm's halves)
     offload_last: dict[str, str] = field(default_factory=dict)   # offload stream -> its last transfer's done event
     offload_done: dict[str, str] = field(default_factory=dict)   # offload transfer name -> its last post's done event
     host_caps: dict[str, float] = field(default_factory=dict)    # host kernel -> bytes/s (offload HostState.caps)
@@ -167,6 +176,11 @@ class _Streams:
             # _lower_collective checked name, kind, group and size once per op.
             collective = checked_collective(op.name, kind, group, size_bytes, allocs, frees, iteration,
                                             (op.allocs, op.frees, shift, low))
+        if overlapped and not self.overlap.overlap_grad_reduce:
+            if self.overlap.grad_reduce_wait == "end":
+                self.deferred.append(collective)      # Megatron: every bucket after the backward
+                return
+            overlapped = False                        # DeepSpeed: waited for where the bucket fills
         if self.fuse_blocking and not overlapped and not (self.pending and name == self.dp_stream):
             # Waited for at once on a stream with nothing outstanding: one Blocking instruction (program.py).
             self.compute.append(new_blocking(Blocking, (collective, name)))
@@ -202,9 +216,20 @@ class _Streams:
         return (op, group, comm, name, f"{op.name}.ready", f"{op.name}.done", kind, size_bytes, overlapped)
 
     def flush(self) -> None:
-        """The compute stream waits for every outstanding data-parallel reduction."""
+        """The compute stream waits for every outstanding data-parallel reduction (posting the deferred ones)."""
+        if self.deferred:
+            ready, done = self.event("dp.grad_sync.ready"), self.event("dp.grad_sync.done")
+            self.compute.append(signal(ready))
+            self.stream(self.dp_stream).extend([wait_for(ready), *self.deferred, signal(done)])
+            self.pending.append(done)
+            self.deferred.clear()
         self.compute += [wait_for(event) for event in self.pending]
         self.pending.clear()
+
+    def sends_done(self) -> None:
+        """The compute stream waits for the blocking sends posted since the last action (overlap_p2p_comm off)."""
+        self.compute += [wait_for(event) for event in self.unsent]
+        self.unsent.clear()
 
     def microbatch(self, timed: _TimedOps, iteration: int, shift: int, low: int) -> None:
         """Append one micro-batch's runs of `timed` (its template's ops, tensor ids moved by shift / low).
@@ -214,6 +239,14 @@ class _Streams:
         workspace, and op lists with a collective whose lowering depends on the streams' state (an overlapped
         one, one on the data-parallel stream) or an optimizer-phase op, take the general path (`_general`).
         """
+        if self.tp_overlaps_on():
+            planned = self.plans.get(id(timed))
+            if planned is None or planned[0] is not timed:
+                planned = self.plans[id(timed)] = (timed, self.overlaps_of(timed.ops))
+            if planned[1]:
+                self.overlapped([new_run(Run, (op, duration_s, iteration, shift, low)) for op, duration_s in timed.pairs],
+                                planned[1])
+                return
         if self.first_gemm:
             self.runs([Run(op, duration_s, iteration, shift, low) for op, duration_s in timed.pairs])
             return
@@ -308,6 +341,108 @@ class _Streams:
             else:
                 self.runs([Run(op, duration_s, iteration, shift, low)])
 
+    def tp_overlaps_on(self) -> bool:
+        """Whether any tensor-parallel collective may run beside a GEMM (parallel/tp_overlap.py)."""
+        return self.device is not None and (self.overlap.tp_comm_overlap or self.overlap.tp_backward_overlap)
+
+    def overlaps_of(self, ops: tuple[Op, ...] | list[Op]) -> tuple[Overlap, ...]:
+        """tp_overlap.plan_overlaps for this rank's tensor-parallel group and GPU."""
+        group = self.groups.get("tp")
+        if group is None:
+            group = self.groups["tp"] = self.plan.group_of(self.rank, "tp")
+        return plan_overlaps(ops, self.overlap, len(group), self.device)
+
+    def emit(self, runs: list[Run]) -> None:
+        """`runs`, with the collectives tp_overlap pairs with GEMMs run beside them."""
+        overlaps = self.overlaps_of([run.op for run in runs]) if self.tp_overlaps_on() else ()
+        if overlaps:
+            self.overlapped(runs, overlaps)
+        else:
+            self.runs(runs)
+
+    def overlapped(self, runs: list[Run], overlaps: tuple[Overlap, ...]) -> None:
+        """Lower `runs` with each Overlap's collective on its stream while its GEMM runs (tp_overlap.py)."""
+        by_gemm = {o.gemm: o for o in overlaps}
+        by_collective = {o.collective: o for o in overlaps}
+        beside: dict[int, str] = {}          # collective index -> event of its part running beside the GEMM
+        for index, run in enumerate(runs):
+            overlap = by_collective.get(index)
+            if overlap is not None:
+                if overlap.collective_first:
+                    beside[index] = self.beside(run, 1.0, True)
+                    continue
+                self.compute.append(wait_for(beside.pop(index)))
+                if overlap.ahead < 1:
+                    self.post_part(run, 1 - overlap.ahead)
+                else:
+                    self.memory_of(run)
+                continue
+            overlap = by_gemm.get(index)
+            if overlap is None:
+                self.runs([run])
+                continue
+            op, duration_s, iteration, shift, low = run
+            cached = self.halves.get(id(op))
+            if cached is None or cached[0] is not op:
+                cached = self.halves[id(op)] = (op, split_gemm(op))
+            head, tail = cached[1]
+            scaled = duration_s * overlap.gemm_scale
+            if overlap.collective_first:
+                first = 1 - overlap.gemm_after
+                self.runs([new_run(Run, (head if overlap.gemm_after else op, scaled * first, iteration, shift, low))])
+                self.compute.append(wait_for(beside.pop(overlap.collective)))
+                if overlap.gemm_after:
+                    self.compute.append(new_run(Run, (tail, duration_s * overlap.gemm_after, iteration, shift, low)))
+                continue
+            if overlap.gemm_before:
+                self.runs([new_run(Run, (head, scaled * overlap.gemm_before, iteration, shift, low))])
+            beside[overlap.collective] = self.beside(runs[overlap.collective], overlap.ahead, False)
+            rest = tail if overlap.gemm_before else op
+            self.runs([new_run(Run, (rest, scaled * (1 - overlap.gemm_before), iteration, shift, low))])
+
+    def beside(self, run: Run, fraction: float, memory: bool) -> str:
+        """Post `fraction` of the collective `run` stands for on its stream now, with its memory calls or none;
+        the event it signals when done."""
+        collective, name, comm = self.collective_of(run, fraction, memory, ".beside" if fraction < 1 else "")
+        ready, done = self.event(f"{run.op.name}.ready"), self.event(f"{run.op.name}.done")
+        self.compute.append(signal(ready))
+        comm += [wait_for(ready), collective, signal(done)]
+        return done
+
+    def post_part(self, run: Run, fraction: float) -> None:
+        """The rest (`fraction` of the bytes) of an overlapped collective, with its memory, waited for at once."""
+        collective, name, comm = self.collective_of(run, fraction, True, "")
+        if self.fuse_blocking and not (self.pending and name == self.dp_stream):
+            self.compute.append(new_blocking(Blocking, (collective, name)))
+            return
+        ready, done = self.event(f"{run.op.name}.ready"), self.event(f"{run.op.name}.done")
+        self.compute.append(signal(ready))
+        comm += [wait_for(ready), collective, signal(done)]
+        self.compute.append(wait_for(done))
+
+    def memory_of(self, run: Run) -> None:
+        """The memory calls of a collective whose bytes all moved beside a GEMM, where the collective stands."""
+        op, _, _, shift, low = run
+        allocs, frees = (moved_ids(op.allocs, shift, low), moved_ids(op.frees, shift, low)) if shift else \
+            (op.allocs, op.frees)
+        if allocs:
+            self.compute.append(Alloc(allocs, f"{op.name} (ran beside its GEMM)"))
+        if frees:
+            self.compute.append(Free(frees, f"{op.name} (ran beside its GEMM)"))
+
+    def collective_of(self, run: Run, fraction: float, memory: bool, suffix: str) -> tuple:
+        """(Collective for `fraction` of `run`'s collective, with its moved memory or none, its stream's name and
+        instruction list)."""
+        op, _, iteration, shift, low = run
+        lowered = self.lowered.get(id(op))
+        if lowered is None or lowered[0] is not op:
+            lowered = self.lowered[id(op)] = self._lower_collective(op)
+        _, group, comm, name, _, _, kind, size_bytes, _ = lowered
+        allocs, frees = (op.allocs, op.frees) if memory else ((), ())
+        if shift and memory:
+            allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
+        return Collective(op.name + suffix, kind, group, size_bytes * fraction, allocs, frees, iteration), name, comm
+
     def runs(self, runs: list[Run]) -> None:
         """Append runs to the compute stream: collectives go to their stream, workspaces at first use."""
         for run in runs:
@@ -316,7 +451,7 @@ class _Streams:
             elif run.op.op_class in OFFLOAD_CLASSES:
                 lower_offload(self, run, self.host_caps)
             else:
-                if run.op.phase == OPTIMIZER_STEP and self.pending:
+                if run.op.phase == OPTIMIZER_STEP and (self.pending or self.deferred):
                     self.flush()
                 if self.first_gemm and run.op.op_class == GEMM:
                     ids = self.first_gemm.pop(run.op.phase == FORWARD, None)
@@ -340,7 +475,8 @@ def _moves(ids: tuple[int, ...], low: int) -> int:
 
 
 def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, plan: ParallelPlan, rank: int,
-                               warmup_iterations: int, iterations: int, accumulation_steps: int) -> Program:
+                               warmup_iterations: int, iterations: int, accumulation_steps: int,
+                               overlap: OverlapOptions = NO_OVERLAP_CHANGE) -> Program:
     """pp = 1: the whole-model program of `rank` (lower_single_rank) with its collectives on COMM_STREAM."""
     single = lower_single_rank(workload, device, warmup_iterations, iterations, accumulation_steps, rank=rank)
     instructions = list(single.streams[COMPUTE])
@@ -363,16 +499,37 @@ def lower_data_tensor_parallel(workload: IterationWorkload, device: DeviceSpec, 
             swapped.append(ins)
             k += 1
         instructions = swapped
-    streams = _Streams(rank, plan)
+    streams = _Streams(rank, plan, overlap=overlap, device=device)
+    gathers: list[Run] = []
+    if overlap.overlap_param_gather:
+        # As lower_stage_rank: each iteration posts the parameter all_gather at its start, waited for after the first
+        # micro-batch's forward.
+        gathers = list({id(i.op): i for i in instructions if isinstance(i, Run) and _is_param_gather(i.op)}.values())
+        instructions = [i for i in instructions if not (isinstance(i, Run) and _is_param_gather(i.op))]
     if workload.host is not None:
         streams.host_caps = dict(workload.host.caps)
+    pending_runs: list[Run] = []
     for instruction in instructions:
         if isinstance(instruction, Run):
-            streams.runs([instruction])
-        else:
-            if isinstance(instruction, (Mark, Free)) and streams.pending:
-                streams.flush()
+            if streams.gathering and instruction.op.phase != FORWARD:
+                streams.emit(pending_runs)
+                pending_runs = []
+                streams.compute += [wait_for(event) for event in streams.gathering]
+                streams.gathering.clear()
+            pending_runs.append(instruction)
+            continue
+        if pending_runs:
+            streams.emit(pending_runs)
+            pending_runs = []
+        if gathers and isinstance(instruction, Mark) and instruction.label == "iteration_start":
             streams.compute.append(instruction)
+            streams.gathering += [streams.beside(_retag(run, instruction.iteration), 1.0, True) for run in gathers]
+            continue
+        if isinstance(instruction, (Mark, Free)) and (streams.pending or streams.deferred):
+            streams.flush()
+        streams.compute.append(instruction)
+    if pending_runs:
+        streams.emit(pending_runs)
     return streams.program(device, 0, workload.tensors, single.host_tensors)
 
 
@@ -432,7 +589,8 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
                      warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0,
                      schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None,
-                     timing_cache: dict[tuple, float] | None = None) -> Program:
+                     timing_cache: dict[tuple, float] | None = None,
+                     overlap: OverlapOptions = NO_OVERLAP_CHANGE) -> Program:
     """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0).
 
     `schedule_steps`: `schedule_check.program(schedule)` (every stage's) when the caller lowers several
@@ -456,7 +614,14 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
     cache = timing_cache if timing_cache is not None else {}
     timed = {chunk: _timed_microbatches(w, device, cache) for chunk, w in mine.items()}
     steps = {chunk: timed_ops(w.optimizer, w.tensors, device, 0) for chunk, w in mine.items()}
-    streams = _Streams(rank, plan, dp_stream=DP_STREAM)
+    gathers: dict[int, list[Run]] = {chunk: [] for chunk in chunks}
+    if overlap.overlap_param_gather:
+        # The distributed optimizer's all_gather of updated parameters runs during the next forward: in every
+        # iteration it is posted at the start, beside the first forward action (the previous step's, in steady state).
+        for chunk in chunks:
+            gathers[chunk] = [run for run in steps[chunk] if _is_param_gather(run.op)]
+            steps[chunk] = [run for run in steps[chunk] if not _is_param_gather(run.op)]
+    streams = _Streams(rank, plan, dp_stream=DP_STREAM, overlap=overlap, device=device)
     streams.compute.append(Alloc(tuple(t for w in mine.values() for t in w.persistent), "model set-up"))
     # One set of cuBLAS workspaces per rank (its first chunk's), allocated at the first forward and the first
     # backward GEMM the rank runs, whichever chunk that belongs to.
@@ -473,11 +638,17 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
         if it == warmup_iterations:
             streams.compute.append(Mark("measure", it))
         streams.compute.append(Mark("iteration_start", it))
+        for chunk in chunks:
+            streams.gathering += [streams.beside(_retag(run, it), 1.0, True) for run in gathers[chunk]]
         for step in lowered:
             if isinstance(step, CommStep):
                 _comm(streams, step, plan, mine, schedule, it)
                 continue
             _action(streams, step, mine, timed, it)
+            if streams.gathering and step.kind == "F":
+                streams.compute += [wait_for(event) for event in streams.gathering]
+                streams.gathering.clear()
+        streams.sends_done()
         streams.flush()
         _tied_embedding_all_reduce(streams, mine, plan, it)
         for chunk in chunks:
@@ -506,6 +677,8 @@ def _timed_microbatches(workload: StageWorkload, device: DeviceSpec,
 
 
 def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], timed, it: int) -> None:
+    if streams.unsent:
+        streams.sends_done()
     workload = mine[action.chunk]
     mb = workload.microbatches[action.microbatch]
     forward, backward, weight = timed[action.chunk][action.microbatch]
@@ -536,6 +709,11 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
         done = (mb.output,) + done            # the stage output the runtime kept for this backward
     if done:
         streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))
+
+
+def _is_param_gather(op: Op) -> bool:
+    """The distributed optimizer's data-parallel all_gather of updated parameters (in the optimizer's ops)."""
+    return op.op_class == COLLECTIVE and op.group == "dp" and op.collective == "all_gather"
 
 
 def _weight_touched(mb: MicrobatchStage) -> set[int]:
@@ -580,6 +758,12 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
         if sent is not None:
             # The runtime holds the tensor until its send has completed (the request keeps it alive).
             stream.append(Free((sent,), f"{kind} sent"))
+        if not streams.overlap.overlap_p2p_comm:
+            # A blocking send: the stage's next action waits for it (after the recvs posted for that action, as
+            # Megatron's batched send_forward_recv_backward waits for both).
+            done = streams.event(f"sent.{tag}")
+            stream.append(signal(done))
+            streams.unsent.append(done)
         return
     consumer = transfer.consumer
     chunk = consumer.chunk if consumer.chunk is not None else _chunk_of(streams, schedule, consumer.stage)
@@ -662,6 +846,7 @@ def _shift(workload: StageWorkload, offset: int) -> StageWorkload:
 def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: ParallelPlan, schedule: Schedule,
                 device: DeviceSpec, warmup_iterations: int, iterations: int,
                 workload: IterationWorkload | None = None, full: bool = False,
+                overlap: OverlapOptions = NO_OVERLAP_CHANGE,
                 skipped_steps: bool = False) -> tuple[list[Program], dict]:
     """One Program per representative rank of `plan` (one per pipeline stage), or per rank with `full`.
 
@@ -674,6 +859,7 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         workload: with pp = 1, the whole-model iteration (training.build_iteration) to lower.
         full: lower every rank of the plan (no symmetry reduction); programs come in rank order, rank 0
             (stage 0's representative) first.
+        overlap: which communication overlaps compute (parallel/overlap.py resolve_overlap).
         skipped_steps: pp > 1: every stage's optimizer step is skipped (an fp16 overflow: only the loss scaler's
             kernels run); with pp = 1 the caller passes such a `workload`.
 
@@ -689,7 +875,7 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
             raise PlanError("lower_multi: pp = 1 needs the whole-model workload")
         ranks = range(plan.world_size) if full else (0,)
         programs = [lower_data_tensor_parallel(workload, device, plan, rank, warmup_iterations, iterations,
-                                               recipe.accumulation_steps) for rank in ranks]
+                                               recipe.accumulation_steps, overlap) for rank in ranks]
         return programs, {0: workload}
     if recipe.dp > 1 and recipe.zero_stage > 1:
         raise PlanError(f"parallel.zero_stage = {recipe.zero_stage}: ZeRO-2/3 with parallel.pp = {plan.pp} > 1 is not "
@@ -701,11 +887,13 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
     cache: dict[tuple, float] = {}
     if not full:
         programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations,
-                                     schedule_steps=schedule_steps, timing_cache=cache) for stage in range(plan.pp)]
+                                     schedule_steps=schedule_steps, timing_cache=cache, overlap=overlap)
+                    for stage in range(plan.pp)]
         return programs, workloads
     programs = []
     for rank in range(plan.world_size):
         c = plan.coords(rank)
         programs.append(lower_stage_rank(plan, schedule, c.pp, workloads, device, warmup_iterations, iterations,
-                                         dp=c.dp, tp=c.tp, schedule_steps=schedule_steps, timing_cache=cache))
+                                         dp=c.dp, tp=c.tp, schedule_steps=schedule_steps, timing_cache=cache,
+                                         overlap=overlap))
     return programs, workloads

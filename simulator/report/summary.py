@@ -178,6 +178,11 @@ def _performance(report: dict, console: Console) -> None:
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("iteration time", _seconds(report.get("iteration_time_s")))
+    interval = report.get("iteration_time_interval_s")
+    if interval:
+        kind = (report.get("iteration_time_interval") or {}).get("kind", "")
+        label = "calibration bootstrap, 95%" if kind == "calibration-bootstrap" else "validation set's error range"
+        table.add_row(f"expected ({label})", f"{_seconds(interval[0])} – {_seconds(interval[1])}")
     tokens = _number(report.get("tokens_per_s"))
     table.add_row("tokens/s", "—" if tokens is None else f"{tokens:,.0f}")
     mfu = _number(report.get("mfu"))

@@ -250,6 +250,13 @@ def roundup_power2_divisions(value: object) -> int | None:
     raise Invalid('must be "none" or a power of two from 1 to 16')
 
 
+def auto_or_bool(value: object) -> str | bool:
+    """Parser for "auto" (the framework's default, resolved by parallel/overlap.py) or true / false."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise Invalid('must be "auto", true or false')
+
+
 def context_bytes(value: object) -> int | None:
     """Parser for "auto" (None: the device's default) or a size."""
     if isinstance(value, str) and value.strip().lower() == "auto":

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from simulator.hardware.attention_backend import BACKEND_CHOICES
 from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables use, and names callers import from here
     SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
     fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
     gradient_compression, loss_scale, schedule_name, is_schedule_file, topology_name, topology_is_path,
-    max_split_size, roundup_power2_divisions, context_bytes, host_memory_size,
+    max_split_size, roundup_power2_divisions, context_bytes, host_memory_size, auto_or_bool,
 )
 
 ARCHITECTURES = ("gpt", "llama", "bert", "vit")
@@ -152,6 +153,8 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("sparsity", choice(SPARSITIES), "none", " | ".join(SPARSITIES), "2:4 semi-structured sparsity of the MLP linears in training, as torchao's SemiSparseLinear (bf16, sparse tensor cores; docs/model-options.md)"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "fp16-mixed loss scaling: dynamic (torch GradScaler, Megatron DynamicGradScaler, DeepSpeed DynamicLossScaler) or a static scale (Megatron, DeepSpeed); other precisions: dynamic only"),
     _k("skipped_steps_fraction", fraction_below_one, 0.0, "float in [0, 1)", "fp16-mixed: share of iterations whose optimizer step the loss scaler skips (an overflow); iteration_time_s averages both kinds"),
+    _k("attention_backend", choice(BACKEND_CHOICES), "auto", " | ".join(BACKEND_CHOICES), "fused attention kernel with model.attention = flash: cudnn, flash2 (FlashAttention-2), flash3 (FlashAttention-3, Hopper); auto = what torch's SDPA and Transformer Engine pick on the GPU (Hopper: cuDNN; Ampere, Ada, MI300X: FlashAttention-2), the backend of its measured attention_efficiency (hardware/measured.py)"),
+    _k("cuda_graphs", boolean, False, "bool", "the training step is captured as CUDA graphs and replayed: no per-kernel host launch cost (parallel/host_issue.py); needs a GPU, no ZeRO-3, a static loss scale with fp16-mixed and no skipped steps, no offload, not deepspeed"),
     _k("vocab_divisible_by", _POS, None, "int >= 1", "pad the vocabulary to a multiple of this times parallel.tp (Megatron --make-vocab-size-divisible-by)", "megatron: 128; others: 1"),
 )
 
@@ -171,6 +174,11 @@ PARALLEL_KEYS: tuple[KeySpec, ...] = (
     _k("bucket_size", size_bytes, 25_000_000, "size", "gradient bucket size (DDP bucket_cap_mb)", '"25 MB" (25000000)'),
     _k("prefetch_bucket_size", int_at_least(0), 50_000_000, "int >= 0", "offloaded parameters are fetched while the segments fetched ahead hold fewer elements than this (DeepSpeed stage3_prefetch_bucket_size; 0: no prefetch)"),
     _k("placement", text, "auto", "str", "how ranks map onto devices; auto = the parallel layer's default order"),
+    _k("tp_comm_overlap", auto_or_bool, "auto", '"auto" | bool', "tensor-parallel all_gather / reduce_scatter split into chunks pipelined with their GEMMs (Transformer Engine userbuffers, Megatron --tp-comm-overlap); needs sequence_parallel; auto = the framework's default (parallel/overlap.py)", '"auto" (all frameworks: false)'),
+    _k("tp_backward_overlap", auto_or_bool, "auto", '"auto" | bool', "a column-parallel layer's backward collectives run during its GEMMs (input all_gather with the dgrad GEMM, the dgrad reduce_scatter / all_reduce with the wgrad GEMM); auto = the framework's default", '"auto" (megatron: true; torch, deepspeed: false)'),
+    _k("overlap_grad_reduce", auto_or_bool, "auto", '"auto" | bool', "data-parallel gradient reductions run during the backward as buckets fill; false: Megatron reduces every bucket after the backward, DeepSpeed waits for each bucket where it fills; auto = the framework's default", '"auto" (torch: true; megatron: false; deepspeed: true with ZeRO-3, else false)'),
+    _k("overlap_param_gather", auto_or_bool, "auto", '"auto" | bool', "with ZeRO-1/2 (Megatron's distributed optimizer), the updated parameters' all_gather runs during the next forward instead of after the step; auto = the framework's default", '"auto" (all frameworks: false)'),
+    _k("overlap_p2p_comm", auto_or_bool, "auto", '"auto" | bool', "pipeline sends run while the stage computes; false: a stage waits for its sends to complete before its next action (Megatron's blocking send/recv, DeepSpeed); auto = the framework's default", '"auto" (torch: true; megatron: true with interleaved-1f1b, else false; deepspeed: false)'),
 )
 
 CLUSTER_KEYS: tuple[KeySpec, ...] = (
@@ -298,6 +306,8 @@ class TrainingConfig:
     loss_scale: str | float = "dynamic"
     skipped_steps_fraction: float = 0.0
     vocab_divisible_by: int = 1
+    attention_backend: str = "auto"
+    cuda_graphs: bool = False
     data_parallel_size: int = 1
 
     @property
@@ -331,6 +341,11 @@ class ParallelConfig:
     bucket_size: int = 25_000_000
     prefetch_bucket_size: int = 50_000_000
     placement: str = "auto"
+    tp_comm_overlap: str | bool = "auto"
+    tp_backward_overlap: str | bool = "auto"
+    overlap_grad_reduce: str | bool = "auto"
+    overlap_param_gather: str | bool = "auto"
+    overlap_p2p_comm: str | bool = "auto"
 
     @property
     def world_size(self) -> int:

@@ -116,3 +116,4 @@ class Op:
     host_allocs: tuple[int, ...] = ()   # TRANSFER: host tensors (offload) allocated at its start
     host_frees: tuple[int, ...] = ()    # TRANSFER: host tensors freed at its end
     placement: str = ""            # one of PLACEMENTS: where the op runs relative to the compute stream
+    tensors: int = 1               # tensors one call walks (a multi-tensor optimizer kernel: all of them): host work

@@ -82,20 +82,21 @@ def optimizer_states(kind: str, params: list[MasterParam], ids: IdSource, step_o
 
 
 def _update_op(name: str, p: MasterParam, reads: int, writes: int, flops_per: float,
-               allocs: tuple[int, ...] = (), frees: tuple[int, ...] = ()) -> Op:
+               allocs: tuple[int, ...] = (), frees: tuple[int, ...] = (), tensors: int = 1) -> Op:
     e = DTYPE_BYTES[p.dtype]
     return Op(name, OPTIMIZER, OPTIMIZER_STEP, flops=flops_per * p.numel, bytes_read=reads * p.numel * e,
-              bytes_written=writes * p.numel * e, dtype=p.dtype, allocs=allocs, frees=frees)
+              bytes_written=writes * p.numel * e, dtype=p.dtype, allocs=allocs, frees=frees, tensors=tensors)
 
 
-def _adam_moments(kind: str, label: str, p: MasterParam) -> list[Op]:
+def _adam_moments(kind: str, label: str, p: MasterParam, tensors: int = 1) -> list[Op]:
     """The passes before sqrt(v) in torch's single-tensor and foreach Adam(W), one kernel each: AdamW's
     decoupled weight decay (`param.mul_(1 - lr * weight_decay)`; torch.optim.AdamW's default weight_decay is
     0.01, Adam's 0), `exp_avg.lerp_(grad, 1 - beta1)`, `exp_avg_sq.mul_(beta2)` and
     `exp_avg_sq.addcmul_(grad, grad, 1 - beta2)` (which reads grad once)."""
-    ops = [_update_op(f"{kind}.{label}.weight_decay", p, 1, 1, 1.0)] if kind == "adamw" else []
-    return ops + [_update_op(f"{kind}.{label}.lerp", p, 2, 1, 3.0), _update_op(f"{kind}.{label}.mul", p, 1, 1, 1.0),
-                  _update_op(f"{kind}.{label}.addcmul", p, 2, 1, 3.0)]
+    ops = [_update_op(f"{kind}.{label}.weight_decay", p, 1, 1, 1.0, tensors=tensors)] if kind == "adamw" else []
+    return ops + [_update_op(f"{kind}.{label}.lerp", p, 2, 1, 3.0, tensors=tensors),
+                  _update_op(f"{kind}.{label}.mul", p, 1, 1, 1.0, tensors=tensors),
+                  _update_op(f"{kind}.{label}.addcmul", p, 2, 1, 3.0, tensors=tensors)]
 
 
 def step_ops(kind: str, implementation: str, params: list[MasterParam], ids: IdSource,
@@ -129,18 +130,19 @@ def step_ops(kind: str, implementation: str, params: list[MasterParam], ids: IdS
                          last.bytes_written, last.dtype, frees=(previous_denom,))
     elif kind in ("adamw", "adam") and implementation == "foreach":
         total = MasterParam("all", (), sum(p.numel for p in params), params[0].dtype if params else "fp32", "fp32")
-        ops += _adam_moments(kind, "foreach", total)
+        n = len(params)
+        ops += _adam_moments(kind, "foreach", total, n)
         sqrts = tuple(temp(f"{kind}.{p.name}.exp_avg_sq_sqrt", p) for p in params)
-        ops.append(_update_op(f"{kind}.foreach.sqrt", total, 1, 1, 1.0, allocs=sqrts))
-        ops.append(_update_op(f"{kind}.foreach.div", total, 1, 1, 1.0))
-        ops.append(_update_op(f"{kind}.foreach.add_eps", total, 1, 1, 1.0))
-        ops.append(_update_op(f"{kind}.foreach.addcdiv", total, 3, 1, 3.0, frees=sqrts))
+        ops.append(_update_op(f"{kind}.foreach.sqrt", total, 1, 1, 1.0, allocs=sqrts, tensors=n))
+        ops.append(_update_op(f"{kind}.foreach.div", total, 1, 1, 1.0, tensors=n))
+        ops.append(_update_op(f"{kind}.foreach.add_eps", total, 1, 1, 1.0, tensors=n))
+        ops.append(_update_op(f"{kind}.foreach.addcdiv", total, 3, 1, 3.0, frees=sqrts, tensors=n))
     elif kind in ("adamw", "adam", "adam-8bit"):
         # Fused kernels (torch fused AdamW, Megatron's and DeepSpeed's FusedAdam, bitsandbytes 8-bit Adam): one
         # pass, no temporaries.
         reads, writes = (4, 3) if kind != "adam-8bit" else (2, 1)
         total = MasterParam("all", (), sum(p.numel for p in params), params[0].dtype if params else "fp32", "fp32")
-        ops.append(_update_op(f"{kind}.fused", total, reads, writes, 12.0))
+        ops.append(_update_op(f"{kind}.fused", total, reads, writes, 12.0, tensors=len(params)))
     elif kind in ("sgd", "sgd-momentum"):
         for p in params:
             reads, writes = (3, 2) if kind == "sgd-momentum" else (2, 1)

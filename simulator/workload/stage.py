@@ -110,7 +110,8 @@ def _moved_ops(ops: tuple[Op, ...], shift: int, low: int, index: int) -> tuple[O
     return tuple([Op(o.name, o.op_class, o.phase, o.flops, o.bytes_read, o.bytes_written, o.dtype, o.gemm_mnk,
                      o.gemm_batch, moved_ids(o.inputs, shift, low), moved_ids(o.outputs, shift, low),
                      moved_ids(o.allocs, shift, low), moved_ids(o.frees, shift, low), o.layer, index,
-                     o.collective, o.group, o.comm_bytes) for o in ops])
+                     o.collective, o.group, o.comm_bytes, o.host_allocs, o.host_frees, o.placement, o.tensors)
+                  for o in ops])
 
 
 @dataclass

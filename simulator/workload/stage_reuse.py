@@ -60,7 +60,7 @@ def relabel_layers(workload: StageWorkload, start: int) -> StageWorkload:
             new = op_memo[id(o)] = Op(rename(o.name), o.op_class, o.phase, o.flops, o.bytes_read, o.bytes_written,
                                       o.dtype, o.gemm_mnk, o.gemm_batch, o.inputs, o.outputs, o.allocs, o.frees,
                                       o.layer + delta if o.layer >= 0 else o.layer, o.microbatch, o.collective,
-                                      o.group, o.comm_bytes)
+                                      o.group, o.comm_bytes, o.host_allocs, o.host_frees, o.placement, o.tensors)
         return new
 
     seq_memo: dict[int, tuple[Op, ...]] = {}

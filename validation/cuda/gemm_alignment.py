@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from validation.cuda.microbench import check_device, write_rows
+from validation.cuda.microbench import check_device, time_calls, write_rows
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 # (unpadded, padded) output widths: GPT-2's vocabulary and nanoGPT's padding, BERT's and NVIDIA's padding,
@@ -29,26 +28,6 @@ WIDTH_PAIRS = ((50257, 50304), (30522, 30528), (32001, 32000), (4097, 4096))
 TOKENS = (2048, 8192)
 INPUT_WIDTHS = (768, 2048, 4096, 8192, 12288)
 WARMUP, REPETITIONS = 3, 10
-
-
-def _time(fn, device: str) -> list[float]:
-    """Seconds of each of REPETITIONS calls after WARMUP (CUDA events on cuda, perf_counter on cpu)."""
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPETITIONS):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return times
 
 
 def measure(device: str, dtypes: list[str], tokens: list[int] | None, inputs: list[int] | None,
@@ -68,7 +47,7 @@ def measure(device: str, dtypes: list[str], tokens: list[int] | None, inputs: li
                     gemms = {"forward": lambda: x @ w.T, "input_grad": lambda: dy @ w,
                              "weight_grad": lambda: dy.T @ x}
                     for gemm, fn in gemms.items():
-                        times = _time(fn, device)
+                        times = time_calls(fn, device, WARMUP, REPETITIONS)
                         rows.append({"dtype": dtype_name, "m": m, "k": k, "n": n, "gemm": gemm,
                                      "min_s": min(times), "median_s": statistics.median(times),
                                      "flops": 2.0 * m * n * k})
