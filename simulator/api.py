@@ -23,6 +23,7 @@ from simulator.trace.records import Trace
 from simulator.workload.compression import Compression, check_compression
 from simulator.workload.loss_scaler import check_loss_scale, skipped_step
 from simulator.workload.primitives import KernelProfile
+from simulator.workload.peft import LoraConfig, check_peft, resolve_targets
 from simulator.workload.sparsity import check_sparsity
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
 from simulator.workload.transformer import Shape
@@ -91,7 +92,40 @@ def recipe_for(scenario: Scenario, device: DeviceSpec) -> Recipe:
     accumulation = t.global_batch_size // (t.micro_batch_size * scenario.parallel.dp)
     return Recipe(t.micro_batch_size, accumulation, t.precision, t.framework, t.optimizer,
                   implementation, t.recompute, t.activation_compression, loss_scale=t.loss_scale,
-                  skipped_steps_fraction=t.skipped_steps_fraction)
+                  skipped_steps_fraction=t.skipped_steps_fraction, lora=lora_config(scenario))
+
+
+def lora_config(scenario: Scenario) -> LoraConfig:
+    """training.peft and the lora_* keys resolved against the model's block linears (refusals name the file)."""
+    t, m = scenario.training, scenario.model
+    if t.peft == "none":
+        return LoraConfig()
+    try:
+        targets = resolve_targets(t.lora_target_modules, m.architecture, m.activation)
+    except PlanError as error:
+        raise PlanError(f"{scenario.source}: {error}") from None
+    return LoraConfig(t.peft, t.lora_rank, t.lora_alpha, targets, t.lora_dropout)
+
+
+def _check_peft(scenario: Scenario, device: DeviceSpec) -> None:
+    """Refuse LoRA / QLoRA combinations memsim does not simulate (workload/peft.py), with the file."""
+    config = lora_config(scenario)
+    if not config.enabled:
+        return
+    from simulator.offload.config import offloading
+
+    t, p, m = scenario.training, scenario.parallel, scenario.model
+    h, kvd = m.hidden_size, m.num_kv_heads * m.head_dim
+    dims = {"q": (h, h), "k": (kvd, h), "v": (kvd, h), "o": (h, h), "qkv": (h + 2 * kvd, h),
+            "gate": (m.ffn_hidden_size, h), "up": (m.ffn_hidden_size, h), "down": (h, m.ffn_hidden_size),
+            "fc1": (m.ffn_hidden_size, h), "fc2": (h, m.ffn_hidden_size)}
+    try:
+        check_peft(config, precision=t.precision, framework=t.framework, tp=p.tp, pp=p.pp, zero_stage=p.zero_stage,
+                   offloading=offloading(scenario), compression=p.gradient_compression, sparsity=t.sparsity,
+                   shared_layers=m.share_layers, device_kind=device.kind, device=device.name,
+                   shapes={key: dims[key] for key in config.targets})
+    except PlanError as error:
+        raise PlanError(f"{scenario.source}: {error}") from None
 
 
 def _check_plan(scenario: Scenario, multi: bool = False) -> None:
@@ -141,6 +175,7 @@ def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:
     """Refuse options the resolved device cannot run (2:4 sparsity without sparse tensor cores, an attention backend
     it has no rate for, CUDA graphs off a GPU or where the step cannot be captured), with the file."""
     _run_device(scenario, device)
+    _check_peft(scenario, device)
     m, h = scenario.model, scenario.model.hidden_size
     shapes = [(m.ffn_hidden_size, h), (h, m.ffn_hidden_size)]
     try:

@@ -272,8 +272,30 @@ def _resolve_parallel(table: Mapping, model: ModelConfig, ctx: _Context) -> Para
 MEGATRON_VOCAB_DIVISOR = 128      # Megatron-LM's --make-vocab-size-divisible-by default
 
 
+LORA_TABLE_KEYS = ("rank", "alpha", "target_modules", "dropout")
+
+
+def _flatten_lora(table: Mapping, ctx: _Context) -> Mapping:
+    """[training.lora] rank = ... as the flat training.lora_rank = ... keys (one way or the other, not both)."""
+    sub = table.get("lora")
+    if sub is None:
+        return table
+    if not isinstance(sub, Mapping):
+        raise key_error(ctx.source, "training.lora", sub, "must be a table ([training.lora]) of rank, alpha, "
+                        "target_modules, dropout")
+    flat = {k: v for k, v in table.items() if k != "lora"}
+    for key, value in sub.items():
+        if key not in LORA_TABLE_KEYS:
+            hint = did_you_mean(key, LORA_TABLE_KEYS) or f" (allowed: {', '.join(LORA_TABLE_KEYS)})"
+            raise key_error(ctx.source, f"training.lora.{key}", value, f"unknown key in [training.lora]{hint}")
+        if f"lora_{key}" in flat:
+            raise key_error(ctx.source, f"training.lora.{key}", value, f"given twice: also as training.lora_{key}")
+        flat[f"lora_{key}"] = value
+    return flat
+
+
 def _resolve_training(table: Mapping, parallel: ParallelConfig, ctx: _Context) -> TrainingConfig:
-    values = _with_defaults(_parse_table(table, "training", ctx), "training")
+    values = _with_defaults(_parse_table(_flatten_lora(table, ctx), "training", ctx), "training")
     per_step = values["micro_batch_size"] * parallel.dp
     if values["global_batch_size"] is None:
         values["global_batch_size"] = per_step

@@ -117,6 +117,17 @@ def text(value: object) -> str:
     return value
 
 
+def module_list(value: object) -> tuple[str, ...]:
+    """Parser for module names: "auto", "all-linear", a comma-separated string or an array of names."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) for v in items):
+        raise Invalid('must be "auto", "all-linear", "q_proj,v_proj" or an array of module names')
+    names = tuple(v.strip() for v in items)
+    if any(not n for n in names) or len(set(names)) != len(names):
+        raise Invalid("module names must be non-empty and given once each")
+    return names
+
+
 def string(value: object) -> str:
     """Parser for any string (possibly empty)."""
     if not isinstance(value, str):

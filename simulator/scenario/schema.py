@@ -11,7 +11,7 @@ from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables u
     SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
     fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
     gradient_compression, loss_scale, schedule_name, is_schedule_file, topology_name, topology_is_path,
-    max_split_size, roundup_power2_divisions, context_bytes, host_memory_size, auto_or_bool,
+    max_split_size, roundup_power2_divisions, context_bytes, host_memory_size, auto_or_bool, module_list,
 )
 
 ARCHITECTURES = ("gpt", "llama", "bert", "vit")
@@ -26,6 +26,7 @@ ACTIVATION_COMPRESSIONS = ("none", "int8")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 COMPRESSION_STAGES = ("compressed", "warmup")
 SPARSITIES = ("none", "2:4")
+PEFTS = ("none", "lora", "qlora")
 ALLOCATOR_KINDS = ("caching", "exact", "auto")
 PRICINGS = ("rent", "own")
 SECTIONS = ("model", "training", "parallel", "cluster", "allocator", "run", "sweep")
@@ -151,6 +152,11 @@ TRAINING_KEYS: tuple[KeySpec, ...] = (
     _k("recompute", recompute_mode, "none", 'none | selective | full | "segments:N"', "activation checkpointing (segments:N = checkpoint_sequential)"),
     _k("activation_compression", choice(ACTIVATION_COMPRESSIONS), "none", " | ".join(ACTIVATION_COMPRESSIONS), "compression of saved activations"),
     _k("sparsity", choice(SPARSITIES), "none", " | ".join(SPARSITIES), "2:4 semi-structured sparsity of the MLP linears in training, as torchao's SemiSparseLinear (bf16, sparse tensor cores; docs/model-options.md)"),
+    _k("peft", choice(PEFTS), "none", " | ".join(PEFTS), "parameter-efficient fine-tuning: lora = frozen base weights with trainable low-rank adapters (PEFT's LoraLayer); qlora = the same on bitsandbytes NF4 base weights with double quantisation (docs/peft.md); the lora_* keys, also as a [training.lora] table (rank = ..., alpha = ...)"),
+    _k("lora_rank", _POS, 8, "int >= 1", "LoRA rank r: adapters A (r x in) and B (out x r); at most min(in, out) of every target (PEFT's default 8)"),
+    _k("lora_alpha", positive_float, 8.0, "float > 0", "LoRA alpha: the adapter output is scaled by alpha / r (PEFT's default 8)"),
+    _k("lora_target_modules", module_list, ("auto",), '"auto" | "all-linear" | names', "linears that get adapters, named as the model has them (llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; gpt/bert/vit: c_attn, attn.c_proj, c_fc, mlp.c_proj, c_proj = both); auto = PEFT's default for the architecture (llama: q_proj, v_proj; others: c_attn); all-linear = every linear of the blocks", '"auto"'),
+    _k("lora_dropout", fraction_below_one, 0.0, "float in [0, 1)", "dropout on the adapters' input (its mask is saved for backward; PEFT's default 0)"),
     _k("loss_scale", loss_scale, "dynamic", '"dynamic" | float > 0', "fp16-mixed loss scaling: dynamic (torch GradScaler, Megatron DynamicGradScaler, DeepSpeed DynamicLossScaler) or a static scale (Megatron, DeepSpeed); other precisions: dynamic only"),
     _k("skipped_steps_fraction", fraction_below_one, 0.0, "float in [0, 1)", "fp16-mixed: share of iterations whose optimizer step the loss scaler skips (an overflow); iteration_time_s averages both kinds"),
     _k("attention_backend", choice(BACKEND_CHOICES), "auto", " | ".join(BACKEND_CHOICES), "fused attention kernel with model.attention = flash: cudnn, flash2 (FlashAttention-2), flash3 (FlashAttention-3, Hopper); auto = what torch's SDPA and Transformer Engine pick on the GPU (Hopper: cuDNN; Ampere, Ada, MI300X: FlashAttention-2), the backend of its measured attention_efficiency (hardware/measured.py)"),
@@ -303,6 +309,11 @@ class TrainingConfig:
     recompute: str = "none"
     activation_compression: str = "none"
     sparsity: str = "none"
+    peft: str = "none"
+    lora_rank: int = 8
+    lora_alpha: float = 8.0
+    lora_target_modules: tuple[str, ...] = ("auto",)
+    lora_dropout: float = 0.0
     loss_scale: str | float = "dynamic"
     skipped_steps_fraction: float = 0.0
     vocab_divisible_by: int = 1

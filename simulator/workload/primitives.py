@@ -94,6 +94,8 @@ class Ops(TensorParallelOps):
         self.sp = sequence_parallel and tp > 1     # Megatron turns sequence parallelism off at tp = 1
         self.collectives: dict[str, CollectiveSpec] = {}
         self._comm_buffers: dict[tuple[int, str], Ref] = {} if comm_buffers is None else comm_buffers
+        # PEFT (workload/peft.py): linears save and compute only what the gradients required need.
+        self.frozen_aware = False
 
     # ---------------------------------------------------------------- storages
     def param(self, name: str, shape: tuple[int, ...], dtype: str) -> Ref:
@@ -188,6 +190,13 @@ class Ops(TensorParallelOps):
             kernels = (regather,) + kernels
         inputs = (x, w) + ((bias,) if bias is not None else ())
         saved = (x if saved_shard is None else saved_shard, w)
+        if self.frozen_aware:
+            # Autograd saves a matmul operand only for the other operand's gradient and computes only the
+            # gradients required (a frozen weight: no wgrad, x not saved; an input without grad: no dgrad).
+            st = self.tape._storages
+            x_grad, w_grad = st[x.id].requires_grad, st[w.id].requires_grad
+            saved = ((x,) if w_grad else ()) + ((w,) if x_grad else ())
+            kernels = tuple(k for k in kernels if (k.suffix == "wgrad" and w_grad) or (k.suffix == "dgrad" and x_grad))
         (out,) = self.tape.node(name, GEMM, inputs, ((name, out_shape, dt),), saves=saved,
                                 flops=flops, dtype=compute, gemm_mnk=(rows, out_features, in_features),
                                 backward=kernels)

@@ -163,7 +163,8 @@ class Tape:
             self._storages[ref.id] = _Storage(ref, out_name, category, grad_flows and bool(backward),
                                               producer=index, last_forward_use=index)
             out_refs.append(ref)
-        saved = tuple(s if isinstance(s, Ref) else out_refs[s] for s in saves)
+        # A node autograd does not record (no input needs a gradient, e.g. below frozen weights) saves nothing.
+        saved = tuple(s if isinstance(s, Ref) else out_refs[s] for s in saves) if grad_flows and backward else ()
         for ref in inputs:
             self._use(ref.id, index)
         node = _Node(

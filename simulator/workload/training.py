@@ -21,6 +21,7 @@ from simulator.workload.data_parallel import (
 from simulator.workload.graph import DTYPE_BYTES, FORWARD, GEMM, GRADIENTS, OPTIMIZER_STATES, OTHER, Op, Tensor
 from simulator.workload.loss_scaler import LossScaler, check_loss_scale, make_loss_scaler
 from simulator.workload.optimizers import IdSource, MasterParam, optimizer_states, step_ops
+from simulator.workload.peft import Adapters, LoraConfig, frozen_dtype
 from simulator.workload.primitives import KernelProfile, Ops, annotate_collectives
 from simulator.workload.tape import Ref, Tape, numel
 from simulator.workload.transformer import Checkpointing, Shape, TransformerBuilder
@@ -51,6 +52,7 @@ class Recipe:
     loss_scale: str | float = "dynamic"      # training.loss_scale (fp16-mixed: workload/loss_scaler.py)
     skipped_steps_fraction: float = 0.0      # training.skipped_steps_fraction: steps skipped on overflow
     offload: object | None = None            # offload.state.OffloadConfig when anything is offloaded
+    lora: LoraConfig = LoraConfig()          # training.peft: LoRA / QLoRA adapters (workload/peft.py)
 
     @property
     def compression(self) -> Compression:
@@ -251,12 +253,19 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     fp8 = recipe.precision == "fp8-mixed"
     ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
               sequence_parallel=recipe.sequence_parallel)
-    builder = TransformerBuilder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
+    adapters = None
+    build_dtype = dts.param
+    if recipe.lora.enabled:
+        build_dtype = frozen_dtype(dts.param, dts.autocast)
+        adapters = Adapters(recipe.lora, ops, dts.param, build_dtype)
+        ops.frozen_aware = True
+    builder = TransformerBuilder(ops, shape, build_dtype, Checkpointing(recipe.recompute), b, adapters=adapters)
     input_dtype = dts.autocast or dts.param
     idx, targets = _inputs(tape, shape, b, input_dtype)
     loss = builder.forward(idx, targets)
     # Communication buffers are created on first use during the forward.
-    persistent_refs = builder.params.refs + builder.buffers + ops.comm_buffers
+    frozen = adapters.frozen if adapters is not None else []
+    persistent_refs = builder.params.refs + frozen + builder.buffers + ops.comm_buffers
     policy = LandingPolicy(dts.persistent_grad_buffer)
     first_ops, tensors = policy.finish(tape, loss)
     first_ops = annotate_collectives(first_ops, ops.collectives)
@@ -275,7 +284,10 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         tape2._storages[targets.id] = tape._storages[targets.id]
         ops2 = Ops(tape2, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
                    sequence_parallel=recipe.sequence_parallel, comm_buffers=ops._comm_buffers)
+        ops2.frozen_aware = ops.frozen_aware
         builder.ops, builder.tape = ops2, tape2
+        if adapters is not None:
+            adapters.ops = ops2
         loss2 = builder.forward(idx, targets)
         # ZeRO-2/3 release each gradient once it is reduced: every micro-batch produces a fresh `.grad`.
         later_policy = LandingPolicy(dts.persistent_grad_buffer or recipe.dp == 1 or recipe.zero_stage < 2)
@@ -311,8 +323,9 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         later_microbatch=later_ops,
         optimizer=opt_ops,
         gradients=tuple(grads),
-        parameter_count=sum(numel(r.shape) for r in params.refs),
-        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler},
+        parameter_count=sum(numel(r.shape) for r in params.refs) + (adapters.frozen_count if adapters else 0),
+        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler,
+              **({"trainable_parameters": sum(numel(r.shape) for r in params.refs)} if adapters else {})},
         first_use=first_use,
     )
     zero_on_one = recipe.offload is not None and recipe.zero_stage > 0   # DeepSpeed's ZeRO runs on one GPU too

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from simulator.errors import PlanError
 from simulator.workload.graph import OTHER
 from simulator.workload.linformer import linformer_core, linformer_parameters
+from simulator.workload.peft import Adapters
 from simulator.workload.sparsity import sparse_linear
 from simulator.workload.primitives import Ops
 from simulator.workload.tape import Ref
@@ -98,14 +99,18 @@ class TransformerBuilder:
     """Declares a model's parameters and records one micro-batch's forward pass."""
 
     def __init__(self, ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing,
-                 micro_batch: int, layers: range | None = None, first: bool = True, last: bool = True):
+                 micro_batch: int, layers: range | None = None, first: bool = True, last: bool = True,
+                 adapters: Adapters | None = None):
         """A builder of the whole model, or of one pipeline stage.
 
         Args:
             layers: the transformer layers this builder holds (default: all of them).
             first: it holds the embedding (the first pipeline stage).
             last: it holds the final norm, the head and the loss (the last pipeline stage).
+            adapters: LoRA / QLoRA (workload/peft.py): every declared parameter is frozen in its dtype, the
+                targeted block linears get trainable adapters (the only entries of `params`).
         """
+        self.adapters = adapters
         self.ops = ops
         self.tape = ops.tape
         self.m = shape
@@ -145,6 +150,8 @@ class TransformerBuilder:
 
     # ------------------------------------------------------------------ parameters
     def _p(self, name: str, shape: tuple[int, ...]) -> Ref:
+        if self.adapters is not None:
+            return self.adapters.frozen_param(name, shape)
         return self.params.add(self.ops, name, shape, self.pdt)
 
     def _norm_params(self, prefix: str) -> dict[str, Ref]:
@@ -154,10 +161,21 @@ class TransformerBuilder:
             out["b"] = self._p(f"{prefix}.bias", (h,))
         return out
 
-    def _linear_params(self, prefix: str, in_f: int, out_f: int) -> dict[str, Ref]:
-        out = {"w": self._p(f"{prefix}.weight", (out_f, in_f))}
+    def _linear_params(self, prefix: str, in_f: int, out_f: int, key: str | None = None) -> dict[str, Ref]:
+        """A linear's weight and bias; for a block linear (`key`) under PEFT its frozen (or NF4) weight and, when
+        targeted, the adapters lora_A (r, in) and lora_B (out, r), registered after the base layer as PEFT does."""
+        lora = self.adapters
+        if lora is None or key is None:
+            out = {"w": self._p(f"{prefix}.weight", (out_f, in_f))}
+        else:
+            out = {"w": lora.base_weight(
+                f"{prefix}.base_layer.weight" if key in lora.config.targets else f"{prefix}.weight", out_f, in_f)}
         if self.m.bias:
             out["b"] = self._p(f"{prefix}.bias", (out_f,))
+        if lora is not None and key in lora.config.targets:
+            r = lora.config.rank
+            out["lora_a"] = self.params.add(self.ops, f"{prefix}.lora_A.weight", (r, in_f), lora.adapter_dtype)
+            out["lora_b"] = self.params.add(self.ops, f"{prefix}.lora_B.weight", (out_f, r), lora.adapter_dtype)
         return out
 
     def _declare(self) -> None:
@@ -192,27 +210,27 @@ class TransformerBuilder:
             if m.architecture == "llama":
                 for proj, out_f in (("q", h), ("k", kvd), ("v", kvd)):
                     layer.update({f"{proj}_{k}": v for k, v in
-                                  self._linear_params(f"{pre}.{proj}_proj", h, out_f // t).items()})
-                layer.update({f"o_{k}": v for k, v in self._linear_params(f"{pre}.o_proj", h // t, h).items()})
+                                  self._linear_params(f"{pre}.{proj}_proj", h, out_f // t, proj).items()})
+                layer.update({f"o_{k}": v for k, v in self._linear_params(f"{pre}.o_proj", h // t, h, "o").items()})
             else:
                 layer.update({f"qkv_{k}": v for k, v in
-                              self._linear_params(f"{pre}.c_attn", h, (h + 2 * kvd) // t).items()})
+                              self._linear_params(f"{pre}.c_attn", h, (h + 2 * kvd) // t, "qkv").items()})
                 layer.update({f"o_{k}": v for k, v in
-                              self._linear_params(f"{pre}.attn.c_proj", h // t, h).items()})
+                              self._linear_params(f"{pre}.attn.c_proj", h // t, h, "o").items()})
             if m.attention == "linformer":
                 layer.update(linformer_parameters(self, pre))
             layer.update({f"ln2_{k}": v for k, v in self._norm_params(f"{pre}.ln_2").items()})
             if m.activation == "swiglu":
                 for proj in ("gate", "up"):
                     layer.update({f"{proj}_{k}": v for k, v in
-                                  self._linear_params(f"{pre}.mlp.{proj}_proj", h, m.ffn // t).items()})
+                                  self._linear_params(f"{pre}.mlp.{proj}_proj", h, m.ffn // t, proj).items()})
                 layer.update({f"down_{k}": v for k, v in
-                              self._linear_params(f"{pre}.mlp.down_proj", m.ffn // t, h).items()})
+                              self._linear_params(f"{pre}.mlp.down_proj", m.ffn // t, h, "down").items()})
             else:
                 layer.update({f"fc1_{k}": v for k, v in
-                              self._linear_params(f"{pre}.mlp.c_fc", h, m.ffn // t).items()})
+                              self._linear_params(f"{pre}.mlp.c_fc", h, m.ffn // t, "fc1").items()})
                 layer.update({f"fc2_{k}": v for k, v in
-                              self._linear_params(f"{pre}.mlp.c_proj", m.ffn // t, h).items()})
+                              self._linear_params(f"{pre}.mlp.c_proj", m.ffn // t, h, "fc2").items()})
             self.layers[i] = layer
         if self.last:
             self._declare_head(vocab)
@@ -363,6 +381,11 @@ class TransformerBuilder:
         self.tape.hold(x, xin)             # the module's argument lives until forward returns
         return out
 
+    def _adapted_linear(self, x: Ref, p: dict[str, Ref], key: str, name: str) -> Ref:
+        """A block linear of a PEFT model: frozen (or NF4) base, plus its adapters when targeted."""
+        pair = (p[f"{key}_lora_a"], p[f"{key}_lora_b"]) if f"{key}_lora_a" in p else None
+        return self.adapters.linear(x, p[f"{key}_w"], p.get(f"{key}_b"), name, pair)
+
     # ------------------------------------------------------------------ tensor-parallel linears
     def _column_input(self, x: Ref, name: str) -> Ref:
         """Enter a column-parallel region: f (identity; all_reduce of the input gradient) or, with
@@ -376,6 +399,8 @@ class TransformerBuilder:
     def _column_linear(self, xin: Ref, shard: Ref, p: dict[str, Ref], key: str, name: str) -> Ref:
         """A column-parallel linear on the region's input; with sequence parallelism it saves the
         shard and re-gathers it in backward."""
+        if self.adapters is not None:     # PEFT: tp = 1 (api refuses adapters with tp > 1)
+            return self._adapted_linear(xin, p, key, name)
         return self.ops.linear(xin, p[f"{key}_w"], p.get(f"{key}_b"), name,
                                saved_shard=shard if self.sp else None)
 
@@ -383,6 +408,8 @@ class TransformerBuilder:
         """A row-parallel linear: partial sums all_reduced (reduce_scattered to s/t tokens with
         sequence parallelism), then the replicated bias added (RowParallelLinear)."""
         bias = p.get(f"{key}_b")
+        if self.adapters is not None:
+            return self._adapted_linear(x, p, key, name)
         if self.tp == 1:
             return self.ops.linear(x, p[f"{key}_w"], bias, name)
         partial = self.ops.linear(x, p[f"{key}_w"], None, name)
