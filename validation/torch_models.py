@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from simulator.errors import ScenarioError
+from validation.lora_models import LORA_KEYS, LoraSpec, apply_lora, parse_lora
 
 __all__ = [
     "ModelSpec", "TrainingSpec", "parse_model", "parse_training",
@@ -75,6 +76,7 @@ class TrainingSpec:
     precision: str
     optimizer: str
     recompute: str
+    lora: LoraSpec | None = None     # training.peft = "lora": validation/lora_models.py
 
 
 # Per-architecture defaults (GPT-2 and LLaMA conventions) for keys a config may omit.
@@ -90,7 +92,7 @@ _CHOICES = {
     "optimizer": ("adamw", "sgd", "sgd-momentum"),
 }
 _REQUIRED_INTS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
-_TRAINING_KEYS = ("micro_batch_size", "precision", "optimizer", "recompute", "global_batch_size")
+_TRAINING_KEYS = ("micro_batch_size", "precision", "optimizer", "recompute", "global_batch_size") + LORA_KEYS
 
 
 def _choice(section: str, key: str, value: object) -> str:
@@ -173,6 +175,7 @@ def parse_training(training: Mapping[str, object]) -> TrainingSpec:
         precision=_choice("training", "precision", training.get("precision", "fp32")),
         optimizer=_choice("training", "optimizer", training.get("optimizer", "adamw")),
         recompute=str(recompute),
+        lora=parse_lora(training),
     )
 
 
@@ -559,6 +562,8 @@ def build_model(model_spec: ModelSpec, training_spec: TrainingSpec) -> nn.Module
         model.apply(_init_weights)
     finally:
         torch.set_default_dtype(previous)
+    if training_spec.lora is not None:
+        apply_lora(model, model_spec.architecture, training_spec.lora, training_spec.precision)
     return model.train()
 
 
@@ -577,10 +582,11 @@ def build_optimizer(model: nn.Module, training_spec: TrainingSpec) -> torch.opti
     the measurement records which implementation actually ran.
     """
     lr = _LR[training_spec.optimizer]
+    params = [p for p in model.parameters() if p.requires_grad]     # all of them, or LoRA's adapters
     if training_spec.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr)
+        return torch.optim.AdamW(params, lr=lr)
     momentum = 0.9 if training_spec.optimizer == "sgd-momentum" else 0.0
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
 def make_batch(model_spec: ModelSpec, training_spec: TrainingSpec) -> tuple[torch.Tensor, torch.Tensor]:
