@@ -222,7 +222,7 @@ class Adapters:
         rows = numel(x.shape[:-1])
         flops = 2.0 * rows * in_f * out_f
         kernels = (
-            Kernel("dequantize_4bit", ELEMENTWISE, flops=2.0 * n, bytes_read=dequant_read,
+            Kernel("bwd_dequantize_4bit", ELEMENTWISE, flops=2.0 * n, bytes_read=dequant_read,
                    bytes_written=n * e + 4 * blocks, dtype=dt, workspace=absmax_temp),
             Kernel("dgrad", GEMM, flops=flops, bytes_read=rows * out_f * e + n * e, bytes_written=rows * in_f * e,
                    dtype=dt, gemm_mnk=(rows, in_f, out_f), grads=(Grad(0, dtype=dt),),
