@@ -91,3 +91,16 @@ def test_a_job_no_single_change_rescues_gets_a_combination():
     advice = what_would_fit(path, [], report)
     fitting = [entry for entry in advice if entry["fits"]]
     assert fitting and all(" + " in entry["label"] for entry in fitting)
+
+
+def test_lora_and_qlora_are_candidates_where_they_are_simulated(showcase_advice):
+    labels = [c.label for c in single_changes(load_scenario(SHOWCASE), 1)]
+    assert any(label.startswith("LoRA adapters") for label in labels)
+    assert any(label.startswith("QLoRA") for label in labels)
+    for refused in (['training.framework="megatron"'], ['training.peft="lora"'], ['training.precision="fp8-mixed"']):
+        labels = [c.label for c in single_changes(load_scenario(SHOWCASE, refused), 1)]
+        assert not any("LoRA" in label for label in labels), refused
+    # On the 80 GB A100 the adapters fit alone; the listed entry is what `memsim run --set training.peft=...` gives.
+    _, advice = showcase_advice
+    lora = next(entry for entry in advice if entry["changes"] == ['training.peft="lora"'])
+    assert lora["fits"] and lora["time_ratio"] < 1

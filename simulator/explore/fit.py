@@ -7,7 +7,7 @@ verified by the full simulation, cheapest first.
 
 Each change is a list of `--set` items (`memsim run FILE --set ...` reproduces it). Single changes come first:
 recompute, a smaller micro-batch, pure 16-bit precision, 8-bit Adam, a higher ZeRO stage, ZeRO-Offload to the
-host or NVMe, more GPUs; when none of them fits, pairs and then triples of changes along different axes. The
+host or NVMe, LoRA or QLoRA adapters, more GPUs; when none of them fits, pairs and then triples of changes along different axes. The
 estimate (explore/estimate.py) ranks them; the best `verify` of those it says fit (and those it cannot estimate)
 are simulated. What is reported is the simulation's answer, never the estimate's.
 """
@@ -123,6 +123,24 @@ def _offload(s: Scenario, gpus: int) -> list[Change]:
             for label, stage, optimizer, params in plans]
 
 
+def _peft(s: Scenario, gpus: int) -> list[Change]:
+    """Fine-tune adapters instead of the model (a different training: only the adapters learn): LoRA with PEFT's
+    defaults, and QLoRA on NF4 base weights (workload/peft.py; framework torch, tp = pp = 1, no offload)."""
+    from simulator.offload.config import offloading
+
+    p, t = s.parallel, s.training
+    if t.peft != "none" or t.framework != "torch" or p.tp > 1 or p.pp > 1 or p.zero_stage > 2 or offloading(s) \
+            or t.precision not in ("fp32", "bf16", "bf16-mixed", "fp16-mixed") or t.sparsity != "none" \
+            or p.gradient_compression != "none" or s.model.share_layers:
+        return []
+    changes = [Change("LoRA adapters (r 8, PEFT's default modules; the base model frozen)", "peft",
+                      (_set("training.peft", "lora"),), gpus)]
+    if t.precision != "fp16-mixed":
+        changes.append(Change("QLoRA (NF4 base weights, r 8 adapters)", "peft", (_set("training.peft", "qlora"),),
+                              gpus))
+    return changes
+
+
 def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
     """More GPUs of the same kind: a node of the same device for a one-card job (tensor parallelism across it, or
     ZeRO-3 data parallelism), twice the nodes for a cluster job (dp doubled, its states sharded)."""
@@ -157,7 +175,7 @@ def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
 
 
 GENERATORS: tuple[Callable[[Scenario, int], list[Change]], ...] = (
-    _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _more_gpus)
+    _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _peft, _more_gpus)
 """The axes of change, in the order they are listed when they cost the same."""
 
 

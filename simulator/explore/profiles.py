@@ -120,13 +120,17 @@ def _layer_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _persistent(tensors: dict[int, Tensor], persistent: tuple[int, ...]) -> tuple[tuple, tuple]:
+def _persistent(tensors: dict[int, Tensor], persistent: tuple[int, ...],
+                frozen: frozenset[int] = frozenset()) -> tuple[tuple, tuple]:
     """(params, buffers) among persistent tensors, leaving out what model_states adds (gradient buffers, the loss
-    scaler) and data parallelism's bucket buffers: stage_model.py makes those for the chunk's real size."""
+    scaler) and data parallelism's bucket buffers: stage_model.py makes those for the chunk's real size. Frozen
+    parameters (`frozen`: PEFT's base weights) have no gradient nor optimizer state: they count as buffers."""
     params, buffers = [], []
     for tid in persistent:
         t = tensors[tid]
-        if t.category == PARAMETERS:
+        if tid in frozen:
+            buffers.append((t.category, t.nbytes, _layer_of(t.name)))
+        elif t.category == PARAMETERS:
             params.append(ParamSpec(t.name, tuple(t.shape), t.dtype, _layer_of(t.name)))
         elif t.category in (OTHER, COMMUNICATION_BUFFERS, ACTIVATIONS) and not t.name.startswith(("grad_scaler.", "dp.")):
             buffers.append((t.category, t.nbytes, _layer_of(t.name)))
@@ -215,7 +219,7 @@ def _record_whole(key: ProfileKey, cache: dict) -> ChunkProfile:
     if key.recipe.dp > 1:
         # ZeRO-3 replaces the parameters by shards: the parameter list is the model's, before data parallelism.
         plain = build_iteration(shape, dataclasses.replace(key.recipe, dp=1, zero_stage=0), key.kernels)
-    params, buffers = _persistent(plain.tensors, plain.persistent)
+    params, buffers = _persistent(plain.tensors, plain.persistent, frozenset(plain.meta.get("frozen_ids", ())))
     shard = sum(t.nbytes for t in tensors.values() if t.name == "dp.grad_shard")
     return ChunkProfile(
         key=key, forward=_blocks(first_f, tensors, device, cache),

@@ -325,7 +325,8 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs) + (adapters.frozen_count if adapters else 0),
         meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler,
-              **({"trainable_parameters": sum(numel(r.shape) for r in params.refs)} if adapters else {})},
+              **({"trainable_parameters": sum(numel(r.shape) for r in params.refs),
+                  "frozen_ids": tuple(ref.id for ref in frozen)} if adapters else {})},
         first_use=first_use,
     )
     zero_on_one = recipe.offload is not None and recipe.zero_stage > 0   # DeepSpeed's ZeRO runs on one GPU too
