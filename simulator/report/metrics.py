@@ -157,7 +157,9 @@ def build_report(scenario, cluster, workload, recipe, trace) -> dict:
         "framework": scenario.training.framework,
         "allocator": cluster.allocator_kind,
         "model": {"name": scenario.model.preset or scenario.model.architecture,
-                  "parameters": int(workload.parameter_count)},
+                  "parameters": int(workload.parameter_count),
+                  **({"trainable_parameters": int(workload.meta["trainable_parameters"])}
+                     if "trainable_parameters" in workload.meta else {})},
         "time_breakdown": {**phase_time, "exposed_communication_s": comm_exposed, "idle_s": idle,
                            "offload_traffic_s": offload_traffic, "host_compute_s": host_compute,
                            "exposed_offload_s": offload_exposed},
