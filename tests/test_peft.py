@@ -138,3 +138,28 @@ def test_cli_refuses_qlora_on_the_cpu_and_zero3(tmp_path):
     done = subprocess.run([sys.executable, "-m", "simulator.cli", "run", str(path), "--set", "cluster.topology=dgx-a100",
                            "--set", "parallel.dp=2", "--set", "parallel.zero_stage=3"], capture_output=True, text=True)
     assert done.returncode == 2 and "parallel.zero_stage = 3" in done.stderr and "Traceback" not in done.stderr
+
+
+FOUR_GPUS = {"topology": "pcie-4x4090"}
+
+
+@pytest.mark.parametrize(("parallel", "cluster", "training", "needle"), [
+    ({"tp": 4}, FOUR_GPUS, {}, "parallel.tp = 4"),
+    ({"pp": 4}, FOUR_GPUS, {"global_batch_size": 8}, "parallel.pp = 4"),
+    ({"dp": 4, "gradient_compression": "int8"}, FOUR_GPUS, {"global_batch_size": 8}, "parallel.gradient_compression"),
+    ({}, {"topology": "rtx-4090"}, {"precision": "fp8-mixed"}, "training.precision = 'fp8-mixed'"),
+])
+def test_parallel_refusals_name_the_keys(parallel, cluster, training, needle):
+    doc = _doc({"num_layers": 4, "num_attention_heads": 4, "num_kv_heads": 4}, peft="lora", **training)
+    doc.update(parallel=parallel, cluster=cluster)
+    with pytest.raises(MemsimError) as error:
+        simulate(scenario_from_dict(doc))
+    assert needle in str(error.value) and "\n" not in str(error.value)
+
+
+def test_offload_is_refused_with_lora():
+    doc = _doc(peft="lora", framework="torch")
+    doc["cluster"] = {"topology": "workstation-rtx4090"}
+    doc["parallel"] = {"offload_activations": "cpu"}
+    with pytest.raises(MemsimError, match="training.peft = 'lora' with parallel.offload"):
+        simulate(scenario_from_dict(doc))
