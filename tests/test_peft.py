@@ -108,7 +108,6 @@ def test_lora_table_and_flat_keys_are_the_same():
 @pytest.mark.parametrize(("training", "model", "needle"), [
     ({"peft": "lora", "lora_target_modules": ["c_attn"]}, {}, "'c_attn' is not a linear of a llama block"),
     ({"peft": "lora", "lora_rank": 300, "lora_target_modules": ["q_proj"]}, {}, "training.lora_rank = 300"),
-    ({"peft": "qlora", "precision": "fp16-mixed"}, {}, "training.precision = 'fp16-mixed'"),
     ({"peft": "lora", "framework": "megatron"}, {}, "training.framework = 'megatron'"),
     ({"peft": "lora", "sparsity": "2:4", "precision": "bf16"}, {}, "training.sparsity"),
     ({"peft": "lora"}, {"share_layers": True}, "model.share_layers"),

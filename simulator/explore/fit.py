@@ -7,8 +7,8 @@ verified by the full simulation, cheapest first.
 
 Each change is a list of `--set` items (`memsim run FILE --set ...` reproduces it). Single changes come first:
 recompute, a smaller micro-batch, pure 16-bit precision, 8-bit Adam, a higher ZeRO stage, ZeRO-Offload to the
-host or NVMe, LoRA or QLoRA adapters, more GPUs; when none of them fits, pairs and then triples of changes along different axes. The
-estimate (explore/estimate.py) ranks them; the best `verify` of those it says fit (and those it cannot estimate)
+host or NVMe, LoRA or QLoRA adapters, more GPUs; when none of them fits, pairs and then triples of changes along
+different axes. The estimate (explore/estimate.py) ranks them; the best `verify` of those it says fit (and those it cannot estimate)
 are simulated. What is reported is the simulation's answer, never the estimate's.
 """
 
@@ -133,12 +133,9 @@ def _peft(s: Scenario, gpus: int) -> list[Change]:
             or t.precision not in ("fp32", "bf16", "bf16-mixed", "fp16-mixed") or t.sparsity != "none" \
             or p.gradient_compression != "none" or s.model.share_layers:
         return []
-    changes = [Change("LoRA adapters (r 8, PEFT's default modules; the base model frozen)", "peft",
-                      (_set("training.peft", "lora"),), gpus)]
-    if t.precision != "fp16-mixed":
-        changes.append(Change("QLoRA (NF4 base weights, r 8 adapters)", "peft", (_set("training.peft", "qlora"),),
-                              gpus))
-    return changes
+    return [Change("LoRA adapters (r 8, PEFT's default modules; the base model frozen)", "peft",
+                   (_set("training.peft", "lora"),), gpus),
+            Change("QLoRA (NF4 base weights, r 8 adapters)", "peft", (_set("training.peft", "qlora"),), gpus)]
 
 
 def _more_gpus(s: Scenario, gpus: int) -> list[Change]:

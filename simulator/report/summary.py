@@ -72,7 +72,10 @@ def _header(report: dict, console: Console) -> None:
         lines.append("\nmodel     ", style="bold")
         lines.append(str(name))
         params = _number(model.get("parameters"))
-        if params is not None:
+        trainable = _number(model.get("trainable_parameters"))
+        if params is not None and trainable is not None:
+            lines.append(f" ({_count(params)} parameters, {_count(trainable)} trainable: adapters)")
+        elif params is not None:
             lines.append(f" ({_count(params)} parameters)")
     if report.get("device"):
         lines.append("\ndevice    ", style="bold")

@@ -6,7 +6,8 @@ no biases. Every base parameter is frozen (``requires_grad = False``): it has no
 and autograd saves for a frozen linear only what its input gradient needs (the weight, not the input: torch's
 codegen saves a matmul operand only when the other operand's gradient is required), so the backward through a
 frozen weight computes input gradients only. The adapters add the input saved for A's weight gradient (or the
-dropped-out input and its mask when dropout > 0), the r-wide intermediate saved for B's, and four small GEMMs.
+dropped-out input and its mask when dropout > 0), the r-wide intermediate saved for B's, two small GEMMs forward
+and four backward.
 
 QLoRA (Dettmers et al. 2023, arXiv:2305.14314) keeps each block linear's base weight as bitsandbytes' ``Params4bit``
 (``quantize_4bit`` with quant_type "nf4", blocksize 64, compress_statistics = True: double quantisation): the packed
@@ -106,9 +107,9 @@ def check_peft(config: LoraConfig, *, precision: str, framework: str, tp: int, p
     if framework != "torch":
         raise PlanError(f"{key} with training.framework = {framework!r}: memsim simulates PEFT's adapters on a "
                         f"torch model only; allowed: framework = 'torch'")
-    if precision == "fp8-mixed" or (config.quantized and precision == "fp16-mixed"):
-        raise PlanError(f"{key} with training.precision = {precision!r} is not simulated; allowed: fp32, bf16, "
-                        f"bf16-mixed" + ("" if config.quantized else ", fp16-mixed"))
+    if precision == "fp8-mixed":
+        raise PlanError(f"{key} with training.precision = 'fp8-mixed' is not simulated; allowed: fp32, bf16, "
+                        f"bf16-mixed, fp16-mixed")
     for name, value, allowed in (("parallel.tp", tp, 1), ("parallel.pp", pp, 1)):
         if value != allowed:
             raise PlanError(f"{key} with {name} = {value}: adapters on sharded or staged layers are not simulated; "
