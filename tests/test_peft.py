@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,26 @@ def test_offload_is_refused_with_lora():
     doc["parallel"] = {"offload_activations": "cpu"}
     with pytest.raises(MemsimError, match="training.peft = 'lora' with parallel.offload"):
         simulate(scenario_from_dict(doc))
+
+
+PEFT_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "peft").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", PEFT_SCENARIOS, ids=[p.stem for p in PEFT_SCENARIOS])
+def test_peft_scenarios_load_and_pass_the_checks(path):
+    from simulator.api import check_scenario
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(path)
+    assert scenario.training.peft in ("lora", "qlora")
+    check_scenario(scenario)
+
+
+@pytest.mark.slow
+def test_qlora_scenario_fits_the_4090_where_full_fine_tuning_does_not():
+    from simulator.scenario import load_scenario
+
+    path = next(p for p in PEFT_SCENARIOS if p.stem == "llama7b-qlora-4090")
+    report = simulate(load_scenario(path), timelines=False).report
+    assert report["fits"] and report["model"]["trainable_parameters"] == 159_907_840
+    assert report["model"]["parameters"] == 6_898_323_456
