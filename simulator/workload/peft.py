@@ -185,6 +185,19 @@ class Adapters:
         self.quant[refs[0].id] = (refs[1], refs[1].shape[0], (out_f, in_f))
         return refs[0]
 
+    def linear_params(self, builder, prefix: str, in_f: int, out_f: int, key: str) -> dict[str, Ref]:
+        """A block linear's frozen (or NF4) weight and bias and, when targeted, the adapters lora_A (r, in) and
+        lora_B (out, r) in the adapter dtype, registered after the base layer as PEFT does (`builder.params`)."""
+        targeted = key in self.config.targets
+        out = {"w": self.base_weight(f"{prefix}.base_layer.weight" if targeted else f"{prefix}.weight", out_f, in_f)}
+        if builder.m.bias:
+            out["b"] = self.frozen_param(f"{prefix}.bias", (out_f,))
+        if targeted:
+            r = self.config.rank
+            out["lora_a"] = builder.params.add(self.ops, f"{prefix}.lora_A.weight", (r, in_f), self.adapter_dtype)
+            out["lora_b"] = builder.params.add(self.ops, f"{prefix}.lora_B.weight", (out_f, r), self.adapter_dtype)
+        return out
+
     def linear(self, x: Ref, w: Ref, bias: Ref | None, name: str, adapters: tuple[Ref, Ref] | None) -> Ref:
         """The base linear (dense frozen or NF4), plus ``lora_B(lora_A(dropout(x))) * scaling`` when adapted."""
         ops = self.ops

@@ -162,20 +162,12 @@ class TransformerBuilder:
         return out
 
     def _linear_params(self, prefix: str, in_f: int, out_f: int, key: str | None = None) -> dict[str, Ref]:
-        """A linear's weight and bias; for a block linear (`key`) under PEFT its frozen (or NF4) weight and, when
-        targeted, the adapters lora_A (r, in) and lora_B (out, r), registered after the base layer as PEFT does."""
-        lora = self.adapters
-        if lora is None or key is None:
-            out = {"w": self._p(f"{prefix}.weight", (out_f, in_f))}
-        else:
-            out = {"w": lora.base_weight(
-                f"{prefix}.base_layer.weight" if key in lora.config.targets else f"{prefix}.weight", out_f, in_f)}
+        """A linear's weight and bias (a block linear, `key`, under PEFT: Adapters.linear_params)."""
+        if self.adapters is not None and key is not None:
+            return self.adapters.linear_params(self, prefix, in_f, out_f, key)
+        out = {"w": self._p(f"{prefix}.weight", (out_f, in_f))}
         if self.m.bias:
             out["b"] = self._p(f"{prefix}.bias", (out_f,))
-        if lora is not None and key in lora.config.targets:
-            r = lora.config.rank
-            out["lora_a"] = self.params.add(self.ops, f"{prefix}.lora_A.weight", (r, in_f), lora.adapter_dtype)
-            out["lora_b"] = self.params.add(self.ops, f"{prefix}.lora_B.weight", (out_f, r), lora.adapter_dtype)
         return out
 
     def _declare(self) -> None:
