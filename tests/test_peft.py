@@ -126,6 +126,8 @@ def test_bad_lora_keys_are_refused_at_load():
         scenario_from_dict(_doc(peft="lora", lora={"ranks": 4}))
     with pytest.raises(MemsimError, match="given twice"):
         scenario_from_dict(_doc(peft="lora", lora_rank=4, lora={"rank": 4}))
+    with pytest.raises(MemsimError, match="training.lora_dropout = 0.1: has no effect with training.peft = 'none'"):
+        scenario_from_dict(_doc(lora={"dropout": 0.1}))
 
 
 def test_cli_refuses_qlora_on_the_cpu_and_zero3(tmp_path):

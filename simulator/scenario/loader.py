@@ -295,7 +295,12 @@ def _flatten_lora(table: Mapping, ctx: _Context) -> Mapping:
 
 
 def _resolve_training(table: Mapping, parallel: ParallelConfig, ctx: _Context) -> TrainingConfig:
-    values = _with_defaults(_parse_table(_flatten_lora(table, ctx), "training", ctx), "training")
+    parsed = _parse_table(_flatten_lora(table, ctx), "training", ctx)
+    unused = sorted(k for k in parsed if k.startswith("lora_"))
+    if unused and parsed.get("peft", "none") == "none":
+        raise key_error(ctx.source, f"training.{unused[0]}", parsed[unused[0]],
+                        "has no effect with training.peft = 'none'; set training.peft = 'lora' or 'qlora'")
+    values = _with_defaults(parsed, "training")
     per_step = values["micro_batch_size"] * parallel.dp
     if values["global_batch_size"] is None:
         values["global_batch_size"] = per_step
