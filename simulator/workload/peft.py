@@ -236,8 +236,10 @@ class Adapters:
         rows = numel(x.shape[:-1])
         flops = 2.0 * rows * in_f * out_f
         kernels = (
+            # The dequantised weight lives from this kernel through the GEMM: held by both (released and taken
+            # again in between, the same size: both peaks are torch's; module docstring).
             Kernel("bwd_dequantize_4bit", ELEMENTWISE, flops=2.0 * n, bytes_read=dequant_read,
-                   bytes_written=n * e + 4 * blocks, dtype=dt, workspace=absmax_temp),
+                   bytes_written=n * e + 4 * blocks, dtype=dt, workspace=absmax_temp + (((out_f, in_f), dt),)),
             Kernel("dgrad", GEMM, flops=flops, bytes_read=rows * out_f * e + n * e, bytes_written=rows * in_f * e,
                    dtype=dt, gemm_mnk=(rows, in_f, out_f), grads=(Grad(0, dtype=dt),),
                    workspace=(((out_f, in_f), dt),)),
