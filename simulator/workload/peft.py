@@ -27,7 +27,6 @@ from simulator.errors import PlanError
 from simulator.workload.graph import DTYPE_BYTES, ELEMENTWISE, GEMM, PARAMETERS
 from simulator.workload.tape import Grad, Kernel, Ref, numel
 
-PEFT_KINDS = ("none", "lora", "qlora")
 NF4_BLOCK = 64                 # bitsandbytes quantize_4bit blocksize (QLoRA: 64)
 NESTED_BLOCK = 256             # double quantisation: quantize_blockwise(absmax, blocksize=256)
 NF4_CODE_ENTRIES = 16          # get_4bit_type("nf4"): 16 fp32 values per QuantState
@@ -237,7 +236,7 @@ class Adapters:
         flops = 2.0 * rows * in_f * out_f
         kernels = (
             # The dequantised weight lives from this kernel through the GEMM: held by both (released and taken
-            # again in between, the same size: both peaks are torch's; module docstring).
+            # again in between, the same size: both peaks are torch's; docs/peft.md).
             Kernel("bwd_dequantize_4bit", ELEMENTWISE, flops=2.0 * n, bytes_read=dequant_read,
                    bytes_written=n * e + 4 * blocks, dtype=dt, workspace=absmax_temp + (((out_f, in_f), dt),)),
             Kernel("dgrad", GEMM, flops=flops, bytes_read=rows * out_f * e + n * e, bytes_written=rows * in_f * e,
