@@ -29,7 +29,9 @@ def _script(name: str):
 
 def test_catalog_host_costs_are_the_scripts():
     measured = _script("host_issue_params").measure()
-    assert {key: measured[key] for key in HOST_ISSUE} == dict(HOST_ISSUE)
+    # The least-squares fit's last bit depends on the BLAS kernel numpy picks (buffer alignment, i.e. what was
+    # allocated before): equal to 1e-12.
+    assert {key: measured[key] for key in HOST_ISSUE} == pytest.approx(dict(HOST_ISSUE), rel=1e-12)
     assert measured["host_bound_configurations"] >= 3
 
 
