@@ -58,7 +58,8 @@ def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
         dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
         patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
         type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0,
-        mlp_sparsity=scenario.training.sparsity)
+        mlp_sparsity=scenario.training.sparsity, resnet_blocks=m.resnet_blocks or (),
+        resnet_bottleneck=m.resnet_block != "basic", image=m.image_size or 224)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:

@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from simulator.hardware.attention_backend import BACKEND_CHOICES
+from simulator.scenario.cnn_model import RESNET_BLOCKS, block_counts
 from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables use, and names callers import from here
     SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
     fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
@@ -14,7 +15,8 @@ from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables u
     max_split_size, roundup_power2_divisions, context_bytes, host_memory_size, auto_or_bool,
 )
 
-ARCHITECTURES = ("gpt", "llama", "bert", "vit")
+ARCHITECTURES = ("gpt", "llama", "bert", "vit", "resnet")
+TRANSFORMERS = ("gpt", "llama", "bert", "vit")     # resnet: simulator/scenario/cnn_model.py
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 ATTENTIONS = ("flash", "eager", "linformer")
@@ -47,8 +49,9 @@ ARCH_DEFAULTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
 
 # Model keys that only one architecture uses, and the keys a vit derives instead of reading.
 ARCH_ONLY_KEYS: Mapping[str, str] = MappingProxyType({
-    "rope_theta": "llama", "type_vocab_size": "bert", "image_size": "vit", "patch_size": "vit",
-    "num_channels": "vit", "num_classes": "vit",
+    "rope_theta": "llama", "type_vocab_size": "bert", "image_size": ("vit", "resnet"), "patch_size": "vit",
+    "num_channels": ("vit", "resnet"), "num_classes": ("vit", "resnet"), "resnet_blocks": "resnet",
+    "resnet_block": "resnet",
 })
 
 
@@ -135,10 +138,12 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("post_norm", boolean, None, "bool", "normalisation after the residual add (BERT) instead of before", "bert: true; others: false"),
     _k("rope_theta", positive_float, None, "float > 0", "rotary embedding base (llama only)", "llama: 10000.0"),
     _k("type_vocab_size", _POS, None, "int >= 1", "token-type embeddings (bert only)", "bert: 2"),
-    _k("image_size", _POS, None, "int >= 1", "input image side in pixels (vit only)", "vit: 224"),
+    _k("image_size", _POS, None, "int >= 1", "input image side in pixels (vit and resnet)", "vit, resnet: 224"),
     _k("patch_size", _POS, None, "int >= 1", "patch side in pixels; must divide image_size (vit only)", "vit: 16"),
-    _k("num_channels", _POS, None, "int >= 1", "input image channels (vit only)", "vit: 3"),
-    _k("num_classes", _POS, None, "int >= 1", "classifier outputs (vit only)", "vit: 1000"),
+    _k("num_channels", _POS, None, "int >= 1", "input image channels (vit and resnet)", "vit, resnet: 3"),
+    _k("num_classes", _POS, None, "int >= 1", "classifier outputs (vit and resnet)", "vit, resnet: 1000"),
+    _k("resnet_blocks", block_counts, None, "array of int >= 1", "resnet: residual blocks per stage (ResNet-50: [3, 4, 6, 3]); stage i has width 64 * 2^i", "required for resnet (or a resnet preset)"),
+    _k("resnet_block", choice(RESNET_BLOCKS), None, " | ".join(RESNET_BLOCKS), "resnet: bottleneck (1x1, 3x3, 1x1, 4x wider out; ResNet-50/101/152) or basic (3x3, 3x3; ResNet-18/34) blocks", "resnet: bottleneck"),
 )
 
 TRAINING_KEYS: tuple[KeySpec, ...] = (
@@ -276,6 +281,8 @@ class ModelConfig:
     patch_size: int | None = None
     num_channels: int | None = None
     num_classes: int | None = None
+    resnet_blocks: tuple[int, ...] | None = None
+    resnet_block: str | None = None
 
     @property
     def head_dim(self) -> int:

@@ -116,6 +116,9 @@ class IterationWorkload:
 
 
 def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
+    if shape.architecture == "resnet":
+        pixels = tape.storage("pixels", (b, shape.channels, shape.image, shape.image), dt, OTHER)
+        return pixels, tape.storage("targets", (b,), "int64", OTHER)
     if shape.architecture == "vit":
         side = int(round((shape.seq - 1) ** 0.5)) * shape.patch
         image = (b, shape.channels, side, side)
@@ -251,8 +254,9 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     fp8 = recipe.precision == "fp8-mixed"
     ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
               sequence_parallel=recipe.sequence_parallel)
-    builder = TransformerBuilder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
-    input_dtype = dts.autocast or dts.param
+    builder = make_builder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
+    # A data loader hands a CNN fp32 images (autocast casts them for the first conv).
+    input_dtype = dts.param if shape.architecture == "resnet" else dts.autocast or dts.param
     idx, targets = _inputs(tape, shape, b, input_dtype)
     loss = builder.forward(idx, targets)
     # Communication buffers are created on first use during the forward.
@@ -326,6 +330,15 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
              for k, (ref, name) in enumerate(zip(params.refs, params.names))]
     lists = MicrobatchOps(first_ops, policy, later_ops, later_policy)
     return _offloaded(apply_data_parallel(workload, setup, infos, lists, ids), recipe, params, ids, tape.saver)
+
+
+def make_builder(ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing, b: int):
+    """The whole-model builder of the architecture: a ResNet (workload/resnet.py) or a transformer."""
+    if shape.architecture == "resnet":
+        from simulator.workload.resnet import ResNetBuilder
+
+        return ResNetBuilder(ops, shape, param_dtype, checkpointing, b)
+    return TransformerBuilder(ops, shape, param_dtype, checkpointing, b)
 
 
 def _host_saver(recipe: Recipe):
