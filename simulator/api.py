@@ -103,6 +103,8 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
         raise PlanError(f"{src}: model.num_kv_heads = {m.num_kv_heads}: architecture {m.architecture!r} "
                         f"has no grouped-query attention; it must equal model.num_attention_heads = "
                         f"{m.num_attention_heads}")
+    if m.architecture == "resnet":
+        _check_resnet(scenario)
     recompute = scenario.training.recompute
     if recompute.startswith("segments:") and int(recompute.split(":")[1]) > m.num_layers:
         raise PlanError(f"{src}: training.recompute = {recompute!r}: more segments than "
@@ -136,6 +138,25 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
 
     t = scenario.training
     check_offload(scenario, t.global_batch_size // (t.micro_batch_size * p.dp))
+
+
+def _check_resnet(scenario: Scenario) -> None:
+    """Refuse what a ResNet does not have or memsim does not simulate for it (workload/resnet.py), in one line."""
+    t, src = scenario.training, scenario.source
+    # parallel.tp and parallel.pp other than 1 are refused by the loader (data parallelism only).
+    rules = (("training.recompute", t.recompute, t.recompute == "selective",
+              "selective recompute checkpoints attention, which a ResNet has not; allowed: none, full, segments:N"),
+             ("training.sparsity", t.sparsity, t.sparsity != "none",
+              "2:4 sparsity is simulated for transformer MLP linears only; allowed: none"),
+             ("training.attention_backend", t.attention_backend, t.attention_backend != "auto",
+              "a ResNet has no attention; allowed: auto"),
+             ("training.framework", t.framework, t.framework == "megatron",
+              "Megatron-LM trains transformers; allowed for a resnet: torch, deepspeed"),
+             ("training.precision", t.precision, t.precision == "fp8-mixed",
+              "fp8 convolutions are not simulated; allowed for a resnet: fp32, fp16-mixed, bf16-mixed, bf16"))
+    for key, value, broken, rule in rules:
+        if broken:
+            raise PlanError(f"{src}: {key} = {value!r} with model.architecture = 'resnet': {rule}")
 
 
 def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:

@@ -255,6 +255,10 @@ def _resolve_path(path: str, ctx: _Context) -> str:
 def _resolve_parallel(table: Mapping, model: ModelConfig, ctx: _Context) -> ParallelConfig:
     values = _with_defaults(_parse_table(table, "parallel", ctx), "parallel")
     src = ctx.source
+    for key in ("tp", "pp"):
+        if model.architecture == "resnet" and values[key] != 1:
+            raise key_error(src, f"parallel.{key}", values[key], "a ResNet is simulated with data parallelism only "
+                            "(model.architecture = 'resnet'); allowed: 1")
     for heads_key in ("num_attention_heads", "num_kv_heads"):
         heads = getattr(model, heads_key)
         if heads % values["tp"]:
