@@ -52,6 +52,8 @@ def test_every_seed_scenario_loads_and_simulates(path: Path):
     p = plain.parallel
     layers = max(4, p.pp * p.virtual_stages)
     shrink = [f"model.num_layers={layers}", *FAST]
+    if plain.model.architecture == "resnet":        # a ResNet has no num_layers key: one block per stage
+        shrink = ["model.resnet_blocks=[1, 1, 1, 1]", "model.image_size=64", *FAST]
     if p.pp > 1:
         shrink.append(f"training.global_batch_size={plain.training.micro_batch_size * p.dp * p.pp}")
     scenario = load_scenario(path, shrink)
@@ -256,6 +258,20 @@ def test_tp8_divides_model_states_by_8_but_activations_only_with_sequence_parall
     # Korthikanti: (10 + 24/t)/34 of the activations stay without sequence parallelism (38% for a GPT block).
     assert 0.35 < tp8["activations"] / one["activations"] < 0.5
     assert sp["activations"] / one["activations"] < 0.135
+
+
+# --- article 004, section 2: ResNet-50's parameters and activations at batch 32 (claim 18) -------------------
+
+
+def test_resnet50_has_about_100_mb_of_parameters_and_several_gb_of_activations():
+    result = report("resnet50-fp32-b32-3090")
+    peaks = rank0(result)["category_peaks"]
+    assert result["model"]["parameters"] == 25_557_032                     # torchvision's resnet50()
+    assert 102e6 < peaks["parameters"] < 103e6                              # fp32, each rounded to 512 bytes
+    assert 2.5 * GIB < peaks["activations"] < 2.6 * GIB                     # "several GB": 2.75 GB
+    amp = report("resnet50-fp32-b32-3090", 'training.precision="bf16-mixed"')
+    # autocast halves the conv and batch-norm activations, not the saved fp32 statistics or max-pool indices
+    assert 0.5 < rank0(amp)["category_peaks"]["activations"] / peaks["activations"] < 0.6
 
 
 @pytest.mark.slow
