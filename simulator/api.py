@@ -59,7 +59,17 @@ def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
         patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
         type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0,
         mlp_sparsity=scenario.training.sparsity, resnet_blocks=m.resnet_blocks or (),
-        resnet_bottleneck=m.resnet_block != "basic", image=m.image_size or 224)
+        resnet_bottleneck=m.resnet_block != "basic", image=m.image_size or 224, dlrm=_dlrm_shape(m))
+
+
+def _dlrm_shape(m):
+    """A DLRM's DLRMShape (None for other architectures)."""
+    if m.architecture != "dlrm":
+        return None
+    from simulator.workload.dlrm import DLRMShape
+
+    return DLRMShape(m.embedding_rows, m.embedding_dim, m.lookups_per_table, m.dense_features, m.bottom_mlp,
+                     m.top_mlp, m.embedding_placement)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
@@ -105,6 +115,8 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
                         f"{m.num_attention_heads}")
     if m.architecture == "resnet":
         _check_resnet(scenario)
+    if m.architecture == "dlrm":
+        _check_dlrm(scenario)
     recompute = scenario.training.recompute
     if recompute.startswith("segments:") and int(recompute.split(":")[1]) > m.num_layers:
         raise PlanError(f"{src}: training.recompute = {recompute!r}: more segments than "
@@ -157,6 +169,33 @@ def _check_resnet(scenario: Scenario) -> None:
     for key, value, broken, rule in rules:
         if broken:
             raise PlanError(f"{src}: {key} = {value!r} with model.architecture = 'resnet': {rule}")
+
+
+def _check_dlrm(scenario: Scenario) -> None:
+    """Refuse what is not simulated for a DLRM (workload/dlrm.py), in one line."""
+    m, t, p, src = scenario.model, scenario.training, scenario.parallel, scenario.source
+    host = m.embedding_placement == "host"
+    rules = (("training.precision", t.precision, t.precision != "fp32",
+              "a DLRM is simulated in fp32 (dlrm_s_pytorch's default); allowed: fp32"),
+             ("training.recompute", t.recompute, t.recompute != "none", "a DLRM is not checkpointed; allowed: none"),
+             ("training.framework", t.framework, t.framework != "torch", "allowed for a dlrm: torch"),
+             ("training.sparsity", t.sparsity, t.sparsity != "none", "allowed for a dlrm: none"),
+             ("training.attention_backend", t.attention_backend, t.attention_backend != "auto",
+              "a DLRM has no attention; allowed: auto"),
+             ("training.optimizer", t.optimizer, host and t.optimizer not in ("sgd", "sgd-momentum", "adamw"),
+              "the host updates the looked-up rows as torch's SGD or SparseAdam does; allowed with "
+              "model.embedding_placement = 'host': sgd, sgd-momentum, adamw"),
+             ("parallel.dp", p.dp, host and p.dp != 1,
+              "host-resident tables shared by data-parallel ranks are not simulated; allowed with "
+              "model.embedding_placement = 'host': 1"),
+             ("parallel.offload_activations", p.offload_activations, p.offload_activations != "none",
+              "allowed for a dlrm: none"),
+             ("parallel.offload_optimizer", p.offload_optimizer, p.offload_optimizer != "none",
+              "allowed for a dlrm: none (model.embedding_placement = 'host' puts the tables and their update on the "
+              "host)"))
+    for key, value, broken, rule in rules:
+        if broken:
+            raise PlanError(f"{src}: {key} = {value!r} with model.architecture = 'dlrm': {rule}")
 
 
 def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 from simulator.errors import ScenarioError
 from simulator.scenario import schema
 from simulator.scenario.cnn_model import resolve_resnet
+from simulator.scenario.dlrm_model import resolve_dlrm
 from simulator.scenario.hf_config import model_config_from_hf
 from simulator.scenario.presets import ALIASES, PRESETS, canonical_preset_name, list_presets, preset_values
 from simulator.scenario.schema import (
@@ -256,9 +257,9 @@ def _resolve_parallel(table: Mapping, model: ModelConfig, ctx: _Context) -> Para
     values = _with_defaults(_parse_table(table, "parallel", ctx), "parallel")
     src = ctx.source
     for key in ("tp", "pp"):
-        if model.architecture == "resnet" and values[key] != 1:
-            raise key_error(src, f"parallel.{key}", values[key], "a ResNet is simulated with data parallelism only "
-                            "(model.architecture = 'resnet'); allowed: 1")
+        if model.architecture in ("resnet", "dlrm") and values[key] != 1:
+            raise key_error(src, f"parallel.{key}", values[key], f"a {model.architecture} is simulated with data "
+                            f"parallelism only (model.architecture = {model.architecture!r}); allowed: 1")
     for heads_key in ("num_attention_heads", "num_kv_heads"):
         heads = getattr(model, heads_key)
         if heads % values["tp"]:
@@ -379,6 +380,8 @@ def _resolve_model(table: Mapping, ctx: _Context) -> ModelConfig:
             del values[key]
     if arch == "resnet":
         return ModelConfig(**resolve_resnet(values, explicit, fail))
+    if arch == "dlrm":
+        return ModelConfig(**resolve_dlrm(values, explicit, fail))
     required = ("num_layers", "hidden_size", "num_attention_heads")
     if arch == "vit":
         for key in ("vocab_size", "seq_length", "max_position_embeddings"):
@@ -477,7 +480,8 @@ for another architecture when written explicitly, and dropped when they came fro
 is an error; vit has `vocab_size` 0 and no tied embeddings). A `resnet` reads only `resnet_blocks`,
 `resnet_block`, `image_size`, `num_channels` and `num_classes` (any transformer key is an error); its
 `num_layers` is the number of residual blocks and its `seq_length` is 1, so `tokens_per_s` counts images
-(docs/model-options.md).
+(docs/model-options.md). A `dlrm` reads only its `embedding_*`, `lookups_per_table`, `dense_features`,
+`bottom_mlp` and `top_mlp` keys; `tokens_per_s` counts samples.
 """
 
 _CROSS_NOTES = {

@@ -8,6 +8,7 @@ from typing import Callable, Mapping
 
 from simulator.hardware.attention_backend import BACKEND_CHOICES
 from simulator.scenario.cnn_model import RESNET_BLOCKS, block_counts
+from simulator.scenario.dlrm_model import PLACEMENTS, int_array, rows_per_table
 from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables use, and names callers import from here
     SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
     fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
@@ -15,8 +16,8 @@ from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables u
     max_split_size, roundup_power2_divisions, context_bytes, host_memory_size, auto_or_bool,
 )
 
-ARCHITECTURES = ("gpt", "llama", "bert", "vit", "resnet")
-TRANSFORMERS = ("gpt", "llama", "bert", "vit")     # resnet: simulator/scenario/cnn_model.py
+ARCHITECTURES = ("gpt", "llama", "bert", "vit", "resnet", "dlrm")
+TRANSFORMERS = ("gpt", "llama", "bert", "vit")     # resnet: scenario/cnn_model.py; dlrm: scenario/dlrm_model.py
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 ATTENTIONS = ("flash", "eager", "linformer")
@@ -51,7 +52,9 @@ ARCH_DEFAULTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
 ARCH_ONLY_KEYS: Mapping[str, str] = MappingProxyType({
     "rope_theta": "llama", "type_vocab_size": "bert", "image_size": ("vit", "resnet"), "patch_size": "vit",
     "num_channels": ("vit", "resnet"), "num_classes": ("vit", "resnet"), "resnet_blocks": "resnet",
-    "resnet_block": "resnet",
+    "resnet_block": "resnet", **{key: "dlrm" for key in (
+        "embedding_rows", "embedding_tables", "embedding_dim", "lookups_per_table", "dense_features", "bottom_mlp",
+        "top_mlp", "embedding_placement")},
 })
 
 
@@ -143,6 +146,14 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("num_channels", _POS, None, "int >= 1", "input image channels (vit and resnet)", "vit, resnet: 3"),
     _k("num_classes", _POS, None, "int >= 1", "classifier outputs (vit and resnet)", "vit, resnet: 1000"),
     _k("resnet_blocks", block_counts, None, "array of int >= 1", "resnet: residual blocks per stage (ResNet-50: [3, 4, 6, 3]); stage i has width 64 * 2^i", "required for resnet (or a resnet preset)"),
+    _k("embedding_rows", rows_per_table, None, "int >= 1 | array of int >= 1", "dlrm: rows of each embedding table (one number for every table, with embedding_tables)", "required for dlrm (or a dlrm preset)"),
+    _k("embedding_tables", _POS, None, "int >= 1", "dlrm: number of embedding tables (categorical features) when embedding_rows is one number", "len(embedding_rows)"),
+    _k("embedding_dim", _POS, None, "int >= 1", "dlrm: embedding dimension (the bottom MLP's output width)", "required for dlrm"),
+    _k("lookups_per_table", _POS, None, "int >= 1", "dlrm: indices sum-pooled per table and sample (1: one-hot categorical features)", "dlrm: 1"),
+    _k("dense_features", _POS, None, "int >= 1", "dlrm: dense input features", "dlrm: 13"),
+    _k("bottom_mlp", int_array, None, "array of int >= 1", "dlrm: bottom MLP widths; the last equals embedding_dim", "required for dlrm"),
+    _k("top_mlp", int_array, None, "array of int >= 1", "dlrm: top MLP widths; the last is 1", "required for dlrm"),
+    _k("embedding_placement", choice(PLACEMENTS), None, " | ".join(PLACEMENTS), "dlrm: where the embedding tables live: GPU parameters, or host memory with pooled lookups copied over PCIe and the sparse update on the host (docs/model-options.md; needs a topology with host memory)", "dlrm: device"),
     _k("resnet_block", choice(RESNET_BLOCKS), None, " | ".join(RESNET_BLOCKS), "resnet: bottleneck (1x1, 3x3, 1x1, 4x wider out; ResNet-50/101/152) or basic (3x3, 3x3; ResNet-18/34) blocks", "resnet: bottleneck"),
 )
 
@@ -283,6 +294,14 @@ class ModelConfig:
     num_classes: int | None = None
     resnet_blocks: tuple[int, ...] | None = None
     resnet_block: str | None = None
+    embedding_rows: tuple[int, ...] | None = None
+    embedding_tables: int | None = None
+    embedding_dim: int | None = None
+    lookups_per_table: int | None = None
+    dense_features: int | None = None
+    bottom_mlp: tuple[int, ...] | None = None
+    top_mlp: tuple[int, ...] | None = None
+    embedding_placement: str | None = None
 
     @property
     def head_dim(self) -> int:

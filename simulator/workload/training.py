@@ -257,7 +257,12 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     builder = make_builder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
     # A data loader hands a CNN fp32 images (autocast casts them for the first conv).
     input_dtype = dts.param if shape.architecture == "resnet" else dts.autocast or dts.param
-    idx, targets = _inputs(tape, shape, b, input_dtype)
+    if shape.architecture == "dlrm":
+        inputs = builder.inputs()
+        idx, targets = inputs, None
+    else:
+        idx, targets = _inputs(tape, shape, b, input_dtype)
+        inputs = (idx, targets)
     loss = builder.forward(idx, targets)
     # Communication buffers are created on first use during the forward.
     persistent_refs = builder.params.refs + builder.buffers + ops.comm_buffers
@@ -275,8 +280,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
                      rng_state_bytes=rng_bytes)
         tape2.saver = tape.saver
         tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
-        tape2._storages[idx.id] = tape._storages[idx.id]
-        tape2._storages[targets.id] = tape._storages[targets.id]
+        tape2._storages.update({ref.id: tape._storages[ref.id] for ref in inputs})
         ops2 = Ops(tape2, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
                    sequence_parallel=recipe.sequence_parallel, comm_buffers=ops._comm_buffers)
         builder.ops, builder.tape = ops2, tape2
@@ -293,7 +297,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         st = tape._storages[ref.id]
         tensors[ref.id] = Tensor(ref.id, st.name, ref.nbytes, st.category, ref.dtype, ref.shape,
                                  persistent=True)
-    for ref in (idx, targets):
+    for ref in inputs:
         tensors[ref.id] = Tensor(ref.id, tape._storages[ref.id].name, ref.nbytes, OTHER, ref.dtype, ref.shape)
     persistent = [ref.id for ref in persistent_refs]
     params = builder.params
@@ -310,7 +314,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         tensors=tensors,
         persistent=tuple(persistent),
         optimizer_state_ids=tuple(t.id for t in state_tensors),
-        microbatch_inputs=(idx.id, targets.id),
+        microbatch_inputs=tuple(ref.id for ref in inputs),
         first_microbatch=first_ops,
         later_microbatch=later_ops,
         optimizer=opt_ops,
@@ -333,11 +337,16 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
 
 
 def make_builder(ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing, b: int):
-    """The whole-model builder of the architecture: a ResNet (workload/resnet.py) or a transformer."""
+    """The whole-model builder of the architecture: a ResNet (workload/resnet.py), a DLRM (workload/dlrm.py) or a
+    transformer."""
     if shape.architecture == "resnet":
         from simulator.workload.resnet import ResNetBuilder
 
         return ResNetBuilder(ops, shape, param_dtype, checkpointing, b)
+    if shape.architecture == "dlrm":
+        from simulator.workload.dlrm import DLRMBuilder
+
+        return DLRMBuilder(ops, shape, param_dtype, checkpointing, b)
     return TransformerBuilder(ops, shape, param_dtype, checkpointing, b)
 
 

@@ -52,6 +52,7 @@ class Shape:
     resnet_blocks: tuple[int, ...] = ()   # resnet: residual blocks per stage (workload/resnet.py)
     resnet_bottleneck: bool = True        # resnet: bottleneck (1x1, 3x3, 1x1) blocks, else basic (3x3, 3x3)
     image: int = 224                      # resnet: input image side in pixels
+    dlrm: object = None                   # dlrm: a workload.dlrm.DLRMShape
 
     @property
     def head_dim(self) -> int:
@@ -598,6 +599,10 @@ def model_parameter_count(shape: Shape) -> int:
         from simulator.workload.resnet import resnet_parameter_count
 
         return resnet_parameter_count(shape)
+    if shape.architecture == "dlrm":
+        from simulator.workload.dlrm import dlrm_parameter_count
+
+        return dlrm_parameter_count(shape)
     from simulator.workload.tape import Tape, numel
 
     builder = TransformerBuilder(Ops(Tape(), KernelProfile()), shape, "fp32", Checkpointing(), 1)
