@@ -182,9 +182,9 @@ def _check_dlrm(scenario: Scenario) -> None:
              ("training.sparsity", t.sparsity, t.sparsity != "none", "allowed for a dlrm: none"),
              ("training.attention_backend", t.attention_backend, t.attention_backend != "auto",
               "a DLRM has no attention; allowed: auto"),
-             ("training.optimizer", t.optimizer, host and t.optimizer not in ("sgd", "sgd-momentum", "adamw"),
-              "the host updates the looked-up rows as torch's SGD or SparseAdam does; allowed with "
-              "model.embedding_placement = 'host': sgd, sgd-momentum, adamw"),
+             ("training.optimizer", t.optimizer, host and t.optimizer not in ("sgd", "adamw"),
+              "the host updates the looked-up rows as torch's sparse SGD or SparseAdam does; allowed with "
+              "model.embedding_placement = 'host': sgd, adamw"),
              ("parallel.dp", p.dp, host and p.dp != 1,
               "host-resident tables shared by data-parallel ranks are not simulated; allowed with "
               "model.embedding_placement = 'host': 1"),

@@ -320,7 +320,8 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         optimizer=opt_ops,
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs),
-        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler},
+        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler,
+              **({"host_embeddings": (shape.dlrm, b)} if getattr(builder, "pooled", None) is not None else {})},
         first_use=first_use,
     )
     zero_on_one = recipe.offload is not None and recipe.zero_stage > 0   # DeepSpeed's ZeRO runs on one GPU too
@@ -365,4 +366,5 @@ def _offloaded(workload: IterationWorkload, recipe: Recipe, params, ids: IdSourc
         return workload
     from simulator.offload.apply import apply_offload
 
-    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver)
+    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver,
+                         optimizer=recipe.optimizer)
