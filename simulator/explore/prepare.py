@@ -45,10 +45,10 @@ def prepare(scenario: Scenario) -> Prepared:
         MemsimError: the error `simulate(scenario)` raises for it (same message).
     """
     p = scenario.parallel
-    if scenario.model.architecture == "resnet":
-        raise PlanError(f"{scenario.source}: model.architecture = 'resnet': the fast estimate extrapolates from "
-                        f"repeated transformer layers; a ResNet is simulated instead (memsim run, memsim sweep "
-                        f"without --fast)")
+    if scenario.model.architecture in ("resnet", "dlrm"):
+        raise PlanError(f"{scenario.source}: model.architecture = {scenario.model.architecture!r}: the fast estimate "
+                        f"extrapolates from repeated transformer layers; this model is simulated instead (memsim run, "
+                        f"memsim sweep without --fast)")
     multi = p.dp * p.tp * p.pp > 1
     if multi:
         _check_plan(scenario, multi=True)

@@ -48,8 +48,8 @@ ARCH_DEFAULTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
                              "patch_size": 16, "num_channels": 3, "num_classes": 1000}),
 })
 
-# Model keys that only one architecture uses, and the keys a vit derives instead of reading.
-ARCH_ONLY_KEYS: Mapping[str, str] = MappingProxyType({
+# Model keys that only some architectures use (one name or a tuple of them).
+ARCH_ONLY_KEYS: Mapping[str, str | tuple[str, ...]] = MappingProxyType({
     "rope_theta": "llama", "type_vocab_size": "bert", "image_size": ("vit", "resnet"), "patch_size": "vit",
     "num_channels": ("vit", "resnet"), "num_classes": ("vit", "resnet"), "resnet_blocks": "resnet",
     "resnet_block": "resnet", **{key: "dlrm" for key in (
@@ -146,6 +146,7 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("num_channels", _POS, None, "int >= 1", "input image channels (vit and resnet)", "vit, resnet: 3"),
     _k("num_classes", _POS, None, "int >= 1", "classifier outputs (vit and resnet)", "vit, resnet: 1000"),
     _k("resnet_blocks", block_counts, None, "array of int >= 1", "resnet: residual blocks per stage (ResNet-50: [3, 4, 6, 3]); stage i has width 64 * 2^i", "required for resnet (or a resnet preset)"),
+    _k("resnet_block", choice(RESNET_BLOCKS), None, " | ".join(RESNET_BLOCKS), "resnet: bottleneck (1x1, 3x3, 1x1, 4x wider out; ResNet-50/101/152) or basic (3x3, 3x3; ResNet-18/34) blocks", "resnet: bottleneck"),
     _k("embedding_rows", rows_per_table, None, "int >= 1 | array of int >= 1", "dlrm: rows of each embedding table (one number for every table, with embedding_tables)", "required for dlrm (or a dlrm preset)"),
     _k("embedding_tables", _POS, None, "int >= 1", "dlrm: number of embedding tables (categorical features) when embedding_rows is one number", "len(embedding_rows)"),
     _k("embedding_dim", _POS, None, "int >= 1", "dlrm: embedding dimension (the bottom MLP's output width)", "required for dlrm"),
@@ -154,7 +155,6 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("bottom_mlp", int_array, None, "array of int >= 1", "dlrm: bottom MLP widths; the last equals embedding_dim", "required for dlrm"),
     _k("top_mlp", int_array, None, "array of int >= 1", "dlrm: top MLP widths; the last is 1", "required for dlrm"),
     _k("embedding_placement", choice(PLACEMENTS), None, " | ".join(PLACEMENTS), "dlrm: where the embedding tables live: GPU parameters, or host memory with pooled lookups copied over PCIe and the sparse update on the host (docs/model-options.md; needs a topology with host memory)", "dlrm: device"),
-    _k("resnet_block", choice(RESNET_BLOCKS), None, " | ".join(RESNET_BLOCKS), "resnet: bottleneck (1x1, 3x3, 1x1, 4x wider out; ResNet-50/101/152) or basic (3x3, 3x3; ResNet-18/34) blocks", "resnet: bottleneck"),
 )
 
 TRAINING_KEYS: tuple[KeySpec, ...] = (
