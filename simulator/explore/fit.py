@@ -127,6 +127,19 @@ def _offload(s: Scenario, gpus: int) -> list[Change]:
             for label, stage, optimizer, params in plans]
 
 
+def _host_embeddings(s: Scenario, gpus: int) -> list[Change]:
+    """A DLRM's embedding tables in host memory (offload/embeddings.py: one GPU with host memory)."""
+    if s.model.architecture != "dlrm" or s.model.embedding_placement == "host" or s.parallel.dp > 1:
+        return []
+    topology = _one_gpu_topology(s)
+    if topology is None:
+        return []
+    sets = [_set("model.embedding_placement", "host")]
+    if topology != s.cluster.topology:
+        sets.append(_set("cluster.topology", topology))
+    return [Change("embedding tables in host memory (lookups and updates on the host)", "offload", tuple(sets), gpus)]
+
+
 def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
     """More GPUs of the same kind: a node of the same device for a one-card job (tensor parallelism across it, or
     ZeRO-3 data parallelism), twice the nodes for a cluster job (dp doubled, its states sharded)."""
@@ -161,8 +174,9 @@ def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
 
 
 GENERATORS: tuple[Callable[[Scenario, int], list[Change]], ...] = (
-    _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _more_gpus)
-"""The axes of change, in the order they are listed when they cost the same."""
+    _host_embeddings, _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _more_gpus)
+"""The axes of change, in the order they are listed when they cost the same (and simulated in, where the estimate
+cannot rank them: a DLRM's host tables first, as they are what frees its GPU)."""
 
 
 def single_changes(scenario: Scenario, gpus: int) -> list[Change]:

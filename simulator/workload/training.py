@@ -116,6 +116,9 @@ class IterationWorkload:
 
 
 def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
+    if shape.architecture == "resnet":
+        pixels = tape.storage("pixels", (b, shape.channels, shape.image, shape.image), dt, OTHER)
+        return pixels, tape.storage("targets", (b,), "int64", OTHER)
     if shape.architecture == "vit":
         side = int(round((shape.seq - 1) ** 0.5)) * shape.patch
         image = (b, shape.channels, side, side)
@@ -251,9 +254,15 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     fp8 = recipe.precision == "fp8-mixed"
     ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
               sequence_parallel=recipe.sequence_parallel)
-    builder = TransformerBuilder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
-    input_dtype = dts.autocast or dts.param
-    idx, targets = _inputs(tape, shape, b, input_dtype)
+    builder = make_builder(ops, shape, dts.param, Checkpointing(recipe.recompute), b)
+    # A data loader hands a CNN fp32 images (autocast casts them for the first conv).
+    input_dtype = dts.param if shape.architecture == "resnet" else dts.autocast or dts.param
+    if shape.architecture == "dlrm":
+        inputs = builder.inputs()
+        idx, targets = inputs, None
+    else:
+        idx, targets = _inputs(tape, shape, b, input_dtype)
+        inputs = (idx, targets)
     loss = builder.forward(idx, targets)
     # Communication buffers are created on first use during the forward.
     persistent_refs = builder.params.refs + builder.buffers + ops.comm_buffers
@@ -271,8 +280,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
                      rng_state_bytes=rng_bytes)
         tape2.saver = tape.saver
         tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
-        tape2._storages[idx.id] = tape._storages[idx.id]
-        tape2._storages[targets.id] = tape._storages[targets.id]
+        tape2._storages.update({ref.id: tape._storages[ref.id] for ref in inputs})
         ops2 = Ops(tape2, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
                    sequence_parallel=recipe.sequence_parallel, comm_buffers=ops._comm_buffers)
         builder.ops, builder.tape = ops2, tape2
@@ -289,7 +297,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         st = tape._storages[ref.id]
         tensors[ref.id] = Tensor(ref.id, st.name, ref.nbytes, st.category, ref.dtype, ref.shape,
                                  persistent=True)
-    for ref in (idx, targets):
+    for ref in inputs:
         tensors[ref.id] = Tensor(ref.id, tape._storages[ref.id].name, ref.nbytes, OTHER, ref.dtype, ref.shape)
     persistent = [ref.id for ref in persistent_refs]
     params = builder.params
@@ -306,13 +314,14 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         tensors=tensors,
         persistent=tuple(persistent),
         optimizer_state_ids=tuple(t.id for t in state_tensors),
-        microbatch_inputs=(idx.id, targets.id),
+        microbatch_inputs=tuple(ref.id for ref in inputs),
         first_microbatch=first_ops,
         later_microbatch=later_ops,
         optimizer=opt_ops,
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs),
-        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler},
+        meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler,
+              **({"host_embeddings": (shape.dlrm, b)} if getattr(builder, "pooled", None) is not None else {})},
         first_use=first_use,
     )
     zero_on_one = recipe.offload is not None and recipe.zero_stage > 0   # DeepSpeed's ZeRO runs on one GPU too
@@ -326,6 +335,20 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
              for k, (ref, name) in enumerate(zip(params.refs, params.names))]
     lists = MicrobatchOps(first_ops, policy, later_ops, later_policy)
     return _offloaded(apply_data_parallel(workload, setup, infos, lists, ids), recipe, params, ids, tape.saver)
+
+
+def make_builder(ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing, b: int):
+    """The whole-model builder of the architecture: a ResNet (workload/resnet.py), a DLRM (workload/dlrm.py) or a
+    transformer."""
+    if shape.architecture == "resnet":
+        from simulator.workload.resnet import ResNetBuilder
+
+        return ResNetBuilder(ops, shape, param_dtype, checkpointing, b)
+    if shape.architecture == "dlrm":
+        from simulator.workload.dlrm import DLRMBuilder
+
+        return DLRMBuilder(ops, shape, param_dtype, checkpointing, b)
+    return TransformerBuilder(ops, shape, param_dtype, checkpointing, b)
 
 
 def _host_saver(recipe: Recipe):
@@ -343,4 +366,5 @@ def _offloaded(workload: IterationWorkload, recipe: Recipe, params, ids: IdSourc
         return workload
     from simulator.offload.apply import apply_offload
 
-    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver)
+    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver,
+                         optimizer=recipe.optimizer)
