@@ -59,7 +59,18 @@ def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
         dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
         patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
         type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0,
-        mlp_sparsity=scenario.training.sparsity)
+        mlp_sparsity=scenario.training.sparsity, resnet_blocks=m.resnet_blocks or (),
+        resnet_bottleneck=m.resnet_block != "basic", image=m.image_size or 224, dlrm=_dlrm_shape(m))
+
+
+def _dlrm_shape(m):
+    """A DLRM's DLRMShape (None for other architectures)."""
+    if m.architecture != "dlrm":
+        return None
+    from simulator.workload.dlrm import DLRMShape
+
+    return DLRMShape(m.embedding_rows, m.embedding_dim, m.lookups_per_table, m.dense_features, m.bottom_mlp,
+                     m.top_mlp, m.embedding_placement)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
@@ -136,6 +147,10 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
         raise PlanError(f"{src}: model.num_kv_heads = {m.num_kv_heads}: architecture {m.architecture!r} "
                         f"has no grouped-query attention; it must equal model.num_attention_heads = "
                         f"{m.num_attention_heads}")
+    if m.architecture == "resnet":
+        _check_resnet(scenario)
+    if m.architecture == "dlrm":
+        _check_dlrm(scenario)
     recompute = scenario.training.recompute
     if recompute.startswith("segments:") and int(recompute.split(":")[1]) > m.num_layers:
         raise PlanError(f"{src}: training.recompute = {recompute!r}: more segments than "
@@ -169,6 +184,52 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
 
     t = scenario.training
     check_offload(scenario, t.global_batch_size // (t.micro_batch_size * p.dp))
+
+
+def _check_resnet(scenario: Scenario) -> None:
+    """Refuse what a ResNet does not have or memsim does not simulate for it (workload/resnet.py), in one line."""
+    t, src = scenario.training, scenario.source
+    # parallel.tp and parallel.pp other than 1 are refused by the loader (data parallelism only).
+    rules = (("training.recompute", t.recompute, t.recompute == "selective",
+              "selective recompute checkpoints attention, which a ResNet has not; allowed: none, full, segments:N"),
+             ("training.sparsity", t.sparsity, t.sparsity != "none",
+              "2:4 sparsity is simulated for transformer MLP linears only; allowed: none"),
+             ("training.attention_backend", t.attention_backend, t.attention_backend != "auto",
+              "a ResNet has no attention; allowed: auto"),
+             ("training.framework", t.framework, t.framework == "megatron",
+              "Megatron-LM trains transformers; allowed for a resnet: torch, deepspeed"),
+             ("training.precision", t.precision, t.precision == "fp8-mixed",
+              "fp8 convolutions are not simulated; allowed for a resnet: fp32, fp16-mixed, bf16-mixed, bf16"))
+    for key, value, broken, rule in rules:
+        if broken:
+            raise PlanError(f"{src}: {key} = {value!r} with model.architecture = 'resnet': {rule}")
+
+
+def _check_dlrm(scenario: Scenario) -> None:
+    """Refuse what is not simulated for a DLRM (workload/dlrm.py), in one line."""
+    m, t, p, src = scenario.model, scenario.training, scenario.parallel, scenario.source
+    host = m.embedding_placement == "host"
+    rules = (("training.precision", t.precision, t.precision != "fp32",
+              "a DLRM is simulated in fp32 (dlrm_s_pytorch's default); allowed: fp32"),
+             ("training.recompute", t.recompute, t.recompute != "none", "a DLRM is not checkpointed; allowed: none"),
+             ("training.framework", t.framework, t.framework != "torch", "allowed for a dlrm: torch"),
+             ("training.sparsity", t.sparsity, t.sparsity != "none", "allowed for a dlrm: none"),
+             ("training.attention_backend", t.attention_backend, t.attention_backend != "auto",
+              "a DLRM has no attention; allowed: auto"),
+             ("training.optimizer", t.optimizer, host and t.optimizer not in ("sgd", "adamw"),
+              "the host updates the looked-up rows as torch's sparse SGD or SparseAdam does; allowed with "
+              "model.embedding_placement = 'host': sgd, adamw"),
+             ("parallel.dp", p.dp, host and p.dp != 1,
+              "host-resident tables shared by data-parallel ranks are not simulated; allowed with "
+              "model.embedding_placement = 'host': 1"),
+             ("parallel.offload_activations", p.offload_activations, p.offload_activations != "none",
+              "allowed for a dlrm: none"),
+             ("parallel.offload_optimizer", p.offload_optimizer, p.offload_optimizer != "none",
+              "allowed for a dlrm: none (model.embedding_placement = 'host' puts the tables and their update on the "
+              "host)"))
+    for key, value, broken, rule in rules:
+        if broken:
+            raise PlanError(f"{src}: {key} = {value!r} with model.architecture = 'dlrm': {rule}")
 
 
 def _check_device_options(scenario: Scenario, device: DeviceSpec) -> None:

@@ -29,8 +29,7 @@ def _script(name: str):
 
 def test_catalog_host_costs_are_the_scripts():
     measured = _script("host_issue_params").measure()
-    # The least-squares fit's last bit depends on the BLAS kernel numpy picks (buffer alignment, i.e. what was
-    # allocated before): equal to 1e-12.
+    # the least-squares fit runs in the installed LAPACK: its last bits depend on the build (1e-12 is ~4,500 ulps)
     assert {key: measured[key] for key in HOST_ISSUE} == pytest.approx(dict(HOST_ISSUE), rel=1e-12)
     assert measured["host_bound_configurations"] >= 3
 

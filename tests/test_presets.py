@@ -9,9 +9,38 @@ from simulator.scenario import ModelConfig, get_preset, list_presets, preset_val
 from simulator.scenario.presets import ALIASES, PRESETS
 
 
+def resnet_count(m: ModelConfig) -> int:
+    """torchvision ResNet parameters in closed form: stem conv + bn, blocks (with downsample), fc."""
+    bottleneck = m.resnet_block == "bottleneck"
+    n, cin = 64 * m.num_channels * 49 + 2 * 64, 64
+    for i, count in enumerate(m.resnet_blocks):
+        w = 64 * 2**i
+        cout = 4 * w if bottleneck else w
+        for j in range(count):
+            if bottleneck:
+                n += cin * w + w * w * 9 + w * cout + 4 * w + 2 * cout
+            else:
+                n += cin * w * 9 + w * w * 9 + 4 * w
+            if (i > 0 and j == 0) or cin != cout:
+                n += cin * cout + 2 * cout
+            cin = cout
+    return n + cin * m.num_classes + m.num_classes
+
+
+def dlrm_count(m: ModelConfig) -> int:
+    """DLRM parameters in closed form: tables, bottom MLP, top MLP (input: d + T(T+1)/2 interactions)."""
+    t = len(m.embedding_rows)
+    widths = [(m.dense_features, *m.bottom_mlp), (m.embedding_dim + t * (t + 1) // 2, *m.top_mlp)]
+    return sum(m.embedding_rows) * m.embedding_dim + sum(a * b + b for w in widths for a, b in zip(w, w[1:]))
+
+
 def param_count(m: ModelConfig) -> int:
     """Trainable parameters of the HF-style model: GPT-2 LM / LLaMA CausalLM / BertModel (with pooler) /
     ViT-for-classification (timm layout: patch conv, cls token, positions, blocks, final norm, head)."""
+    if m.architecture == "resnet":
+        return resnet_count(m)
+    if m.architecture == "dlrm":
+        return dlrm_count(m)
     h, f, layers, vocab = m.hidden_size, m.ffn_hidden_size, m.num_layers, m.vocab_size
     kv = m.num_kv_heads * m.head_dim
     norm = 2 * h if m.norm == "layernorm" else h
@@ -44,6 +73,11 @@ EXACT = {
     "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200,
     "llama-7b": 6_738_415_616, "llama-13b": 13_015_864_320, "llama-70b": 68_976_648_192,
     "bert-large": 335_141_888, "vit-large": 304_326_632,
+    # torchvision.models.resnetN(): sum(p.numel() for p in model.parameters()) (its model docs list the same).
+    "resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032, "resnet101": 44_549_160,
+    "resnet152": 60_192_808,
+    # TorchRec's DLRM for Criteo 1TB: 177,944,275 rows x 128 plus the MLPs.
+    "dlrm-criteo-1tb": 22_779_236_097,
 }
 
 # Brown et al. 2020 Table 2.1 nominal sizes; our count (tied embeddings, learned positions) is within 2%.
@@ -107,10 +141,10 @@ def test_preset_names_are_case_and_space_tolerant():
 
 def test_list_presets_and_sources():
     names = list_presets()
-    assert names[0] == "gpt2" and len(names) == len(set(names)) == len(PRESETS) == 17
+    assert names[0] == "gpt2" and len(names) == len(set(names)) == len(PRESETS) == 23
     assert set(list_presets(include_aliases=True)) == set(names) | set(ALIASES)
     for preset in PRESETS:
-        assert preset.source and dict(preset.values)["architecture"] in ("gpt", "llama", "bert", "vit")
+        assert preset.source and dict(preset.values)["architecture"] in ("gpt", "llama", "bert", "vit", "resnet", "dlrm")
 
 
 def test_preset_values_is_a_fresh_copy():

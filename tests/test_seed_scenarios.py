@@ -52,6 +52,10 @@ def test_every_seed_scenario_loads_and_simulates(path: Path):
     p = plain.parallel
     layers = max(4, p.pp * p.virtual_stages)
     shrink = [f"model.num_layers={layers}", *FAST]
+    if plain.model.architecture == "resnet":        # a ResNet has no num_layers key: one block per stage
+        shrink = ["model.resnet_blocks=[1, 1, 1, 1]", "model.image_size=64", *FAST]
+    if plain.model.architecture == "dlrm":          # nor has a DLRM (its MLPs and tables simulate in seconds)
+        shrink = list(FAST)
     if p.pp > 1:
         shrink.append(f"training.global_batch_size={plain.training.micro_batch_size * p.dp * p.pp}")
     scenario = load_scenario(path, shrink)
@@ -256,6 +260,44 @@ def test_tp8_divides_model_states_by_8_but_activations_only_with_sequence_parall
     # Korthikanti: (10 + 24/t)/34 of the activations stay without sequence parallelism (38% for a GPT block).
     assert 0.35 < tp8["activations"] / one["activations"] < 0.5
     assert sp["activations"] / one["activations"] < 0.135
+
+
+# --- article 004, section 2: ResNet-50's parameters and activations at batch 32 (claim 18) -------------------
+
+
+def test_resnet50_has_about_100_mb_of_parameters_and_several_gb_of_activations():
+    result = report("resnet50-fp32-b32-3090")
+    peaks = rank0(result)["category_peaks"]
+    assert result["model"]["parameters"] == 25_557_032                     # torchvision's resnet50()
+    assert 102e6 < peaks["parameters"] < 103e6                              # fp32, each rounded to 512 bytes
+    assert 2.5 * GIB < peaks["activations"] < 2.6 * GIB                     # "several GB": 2.75 GB
+    amp = report("resnet50-fp32-b32-3090", 'training.precision="bf16-mixed"')
+    # autocast halves the conv and batch-norm activations, not the saved fp32 statistics or max-pool indices
+    assert 0.5 < rank0(amp)["category_peaks"]["activations"] / peaks["activations"] < 0.6
+
+
+# --- article 004, sections 3 and 5.3: embedding tables in host memory (claims 26 and 38) ----------------------
+
+
+def test_host_embedding_tables_free_the_gpu_and_cost_pcie_waits():
+    device = report("dlrm-26x1m-zerocopy-4090", *FAST)
+    host = report("dlrm-26x1m-zerocopy-4090", 'model.embedding_placement="host"', *FAST)
+    assert device["fits"] and host["fits"]
+    assert rank0(device)["peak_allocated_bytes"] > 13e9 > 1e9 > rank0(host)["peak_allocated_bytes"]
+    assert rank0(host)["host_peak_bytes"] > 26 * 10**6 * 64 * 4
+    assert host["time_breakdown"]["exposed_offload_s"] > 0
+
+
+def test_criteo_dlrm_tables_are_nearly_all_the_memory_and_fit_only_on_the_host():
+    host = report("dlrm-criteo-1tb-host-4090", *FAST)
+    assert host["fits"] is True and rank0(host)["peak_allocated_bytes"] < 1e9
+    device = report("dlrm-criteo-1tb-host-4090", 'model.embedding_placement="device"', *FAST)
+    peaks, tables = rank0(device)["category_peaks"], 177_944_275 * 128 * 4
+    assert device["fits"] is False
+    assert 2 * tables / rank0(device)["peak_allocated_bytes"] > 0.99           # far above the article's 80%
+    adam = report("dlrm-criteo-1tb-host-4090", 'training.optimizer="adamw"', *FAST)
+    assert adam["fits"] is False and rank0(adam)["host_peak_bytes"] > 3 * tables
+    assert peaks["parameters"] > tables
 
 
 @pytest.mark.slow

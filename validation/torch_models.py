@@ -107,12 +107,16 @@ def _positive_int(section: str, key: str, value: object) -> int:
     return value
 
 
-def parse_model(model: Mapping[str, object]) -> ModelSpec:
-    """Resolve a ``[model]`` table (memsim key names) into a ModelSpec.
+def parse_model(model: Mapping[str, object]) -> "ModelSpec | ResNetSpec":
+    """Resolve a ``[model]`` table (memsim key names) into a ModelSpec (a ResNetSpec for architecture resnet).
 
     Raises:
         ScenarioError: on an unknown key, a missing required key or a value out of range.
     """
+    if model.get("architecture") == "resnet":
+        from validation.torch_resnet import parse_resnet
+
+        return parse_resnet(model)
     unknown = sorted(set(model) - set(ModelSpec.__dataclass_fields__))
     if unknown:
         raise ScenarioError(f"model.{unknown[0]} is not a key the torch models know; allowed: "
@@ -557,6 +561,10 @@ def build_model(model_spec: ModelSpec, training_spec: TrainingSpec) -> nn.Module
     previous = torch.get_default_dtype()
     torch.set_default_dtype(BUILD_DTYPES[training_spec.precision])
     try:
+        if model_spec.architecture == "resnet":
+            from validation.torch_resnet import ResNet
+
+            return ResNet(model_spec, training_spec.recompute).train()
         cls = GPT if model_spec.architecture == "gpt" else Llama
         model = cls(model_spec, training_spec.recompute)
         model.apply(_init_weights)
@@ -590,7 +598,12 @@ def build_optimizer(model: nn.Module, training_spec: TrainingSpec) -> torch.opti
 
 
 def make_batch(model_spec: ModelSpec, training_spec: TrainingSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random token ids and targets, each int64 (micro_batch_size, seq_length): 8*b*s bytes each."""
+    """Random token ids and targets, each int64 (micro_batch_size, seq_length): 8*b*s bytes each (a ResNet: fp32
+    images (b, C, H, W) in the build dtype and int64 class targets (b,))."""
+    if model_spec.architecture == "resnet":
+        from validation.torch_resnet import make_images
+
+        return make_images(model_spec, training_spec)
     shape = (training_spec.micro_batch_size, model_spec.seq_length)
     idx = torch.randint(0, model_spec.vocab_size, shape, dtype=torch.long)
     targets = torch.randint(0, model_spec.vocab_size, shape, dtype=torch.long)

@@ -104,20 +104,24 @@ def _offload(s: Scenario, gpus: int) -> list[Change]:
     """ZeRO-Offload / ZeRO-Infinity as DeepSpeed runs them (what simulator/offload/ simulates: pp = 1, AdamW,
     16-bit mixed precision, no gradient accumulation)."""
     p, t = s.parallel, s.training
-    if p.pp > 1 or t.optimizer != "adamw" or t.precision not in ("bf16-mixed", "fp16-mixed"):
+    if p.pp > 1 or t.optimizer != "adamw" or t.precision not in ("fp32", "bf16-mixed", "fp16-mixed"):
         return []
     topology = _one_gpu_topology(s) if gpus == 1 else s.cluster.topology
     if topology is None:
         return []
     base = [_set("training.framework", "deepspeed"),
             _set("training.global_batch_size", t.micro_batch_size * p.dp)]
+    mixed = ""
+    if t.precision == "fp32":       # DeepSpeed offloads 16-bit mixed precision: the fp32 master is what moves
+        base.append(_set("training.precision", "bf16-mixed"))
+        mixed = "bf16 mixed precision, "
     if topology != s.cluster.topology:
         base.append(_set("cluster.topology", topology))
     plans = [("optimizer offloaded to the CPU (ZeRO-Offload, ZeRO-2)", 2, "cpu", "none"),
              ("optimizer and parameters offloaded to the CPU (ZeRO-3)", 3, "cpu", "cpu"),
              ("optimizer offloaded to NVMe (ZeRO-Infinity)", 3, "nvme", "none"),
              ("optimizer and parameters offloaded to NVMe (ZeRO-Infinity)", 3, "nvme", "nvme")]
-    return [Change(label, "offload", tuple(base + [_set("parallel.zero_stage", stage),
+    return [Change(mixed + label, "offload", tuple(base + [_set("parallel.zero_stage", stage),
                                                    _set("parallel.offload_optimizer", optimizer),
                                                    _set("parallel.offload_params", params)]), gpus)
             for label, stage, optimizer, params in plans]
@@ -136,6 +140,19 @@ def _peft(s: Scenario, gpus: int) -> list[Change]:
     return [Change("LoRA adapters (r 8, PEFT's default modules; the base model frozen)", "peft",
                    (_set("training.peft", "lora"),), gpus),
             Change("QLoRA (NF4 base weights, r 8 adapters)", "peft", (_set("training.peft", "qlora"),), gpus)]
+
+
+def _host_embeddings(s: Scenario, gpus: int) -> list[Change]:
+    """A DLRM's embedding tables in host memory (offload/embeddings.py: one GPU with host memory)."""
+    if s.model.architecture != "dlrm" or s.model.embedding_placement == "host" or s.parallel.dp > 1:
+        return []
+    topology = _one_gpu_topology(s)
+    if topology is None:
+        return []
+    sets = [_set("model.embedding_placement", "host")]
+    if topology != s.cluster.topology:
+        sets.append(_set("cluster.topology", topology))
+    return [Change("embedding tables in host memory (lookups and updates on the host)", "offload", tuple(sets), gpus)]
 
 
 def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
@@ -172,8 +189,9 @@ def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
 
 
 GENERATORS: tuple[Callable[[Scenario, int], list[Change]], ...] = (
-    _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _peft, _more_gpus)
-"""The axes of change, in the order they are listed when they cost the same."""
+    _host_embeddings, _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _peft, _more_gpus)
+"""The axes of change, in the order they are listed when they cost the same (and simulated in, where the estimate
+cannot rank them: a DLRM's host tables first, as they are what frees its GPU)."""
 
 
 def single_changes(scenario: Scenario, gpus: int) -> list[Change]:
@@ -250,19 +268,24 @@ def _estimable(scenario: Scenario, estimate: dict) -> bool:
 
 def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Change]:
     """The candidates to simulate, at most `verify`: the cheapest that the estimate says fit (GPU-seconds per token),
-    and at least one it cannot estimate when there is one (in generator order); those it says do not fit are left
+    and at least one it cannot estimate when there is one (least estimated activation memory first); those it says do not fit are left
     out."""
     from simulator.explore.estimate import estimate_reports
 
     estimates = estimate_reports([scenario for _, scenario in candidates], errors="return")
     fitting, unknown = [], []
-    for (change, scenario), estimate in zip(candidates, estimates):
-        if isinstance(estimate, MemsimError) or not _estimable(scenario, estimate):
-            unknown.append(change)
+    for index, ((change, scenario), estimate) in enumerate(zip(candidates, estimates)):
+        if isinstance(estimate, MemsimError):
+            unknown.append((float("inf"), index, change))
+        elif not _estimable(scenario, estimate):
+            # what the estimate leaves out (offload) is kept the same across these candidates; what it covers
+            # (activations, recompute, micro-batch) orders them: least activation memory first
+            unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
         elif estimate["fits"] and estimate["tokens_per_s"] > 0:
             fitting.append((change.gpus / estimate["tokens_per_s"], len(change.sets), change))
     fitting.sort(key=lambda item: (item[0], item[1]))
     ranked = [change for *_, change in fitting]
+    unknown = [change for *_, change in sorted(unknown, key=lambda item: item[:2])]
     keep = max(verify - len(unknown), verify - 1 if unknown else verify, 0)
     return (ranked[:keep] + unknown)[:verify]
 

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from simulator.api import _check_plan, kernel_profile, load_topology_for, model_shape, multi_recipe, recipe_for
+from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.plan import ParallelPlan, make_plan
 from simulator.parallel.schedule_check import load_schedule
@@ -44,6 +45,10 @@ def prepare(scenario: Scenario) -> Prepared:
         MemsimError: the error `simulate(scenario)` raises for it (same message).
     """
     p = scenario.parallel
+    if scenario.model.architecture in ("resnet", "dlrm"):
+        raise PlanError(f"{scenario.source}: model.architecture = {scenario.model.architecture!r}: the fast estimate "
+                        f"extrapolates from repeated transformer layers; this model is simulated instead (memsim run, "
+                        f"memsim sweep without --fast)")
     multi = p.dp * p.tp * p.pp > 1
     if multi:
         _check_plan(scenario, multi=True)

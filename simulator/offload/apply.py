@@ -1,15 +1,17 @@
-"""Apply a rank's offload options to its iteration workload: optimizer (ZeRO-Offload), parameters, activations."""
+"""Apply a rank's offload options to its iteration workload: optimizer (ZeRO-Offload), parameters, activations, a
+DLRM's embedding tables."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from simulator.offload.embeddings import offload_embeddings
 from simulator.offload.optimizer import offload_optimizer
 from simulator.offload.state import HostState, OffloadConfig
 from simulator.offload.zero3 import offload_zero3
 
 
-def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids, saver=None):
+def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids, saver=None, optimizer: str = "adamw"):
     """`workload` (an IterationWorkload, after data parallelism) with `config`'s offloading and its HostState.
 
     Args:
@@ -18,6 +20,7 @@ def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids
         largest_param_numel: elements of the largest parameter the rank holds.
         ids: the workload's tensor IdSource.
         saver: the save_on_cpu hooks its tapes were replayed with (offload/activations.py), or None.
+        optimizer: training.optimizer (what the host keeps for host-resident embedding tables).
     """
     host = HostState()
     if saver is not None:
@@ -26,4 +29,6 @@ def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids
         workload = offload_zero3(workload, config, ids, host)
     elif config.optimizer == "cpu":
         workload = offload_optimizer(workload, config, largest_param_numel, ids, host)
+    if config.embeddings == "host":
+        workload = offload_embeddings(workload, config, optimizer, ids, host)
     return replace(workload, host=host)

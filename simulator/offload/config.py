@@ -15,8 +15,13 @@ OPTIMIZER_STAGES = {"cpu": (2, 3), "nvme": (3,)}   # zero_stage values simulated
 
 
 def offloading(scenario: Scenario) -> bool:
-    """Whether any parallel.offload_* key is set (not "none")."""
-    return any(getattr(scenario.parallel, key) != "none" for key in OFFLOAD_KEYS)
+    """Whether any parallel.offload_* key is set (not "none") or a DLRM keeps its tables on the host."""
+    return any(getattr(scenario.parallel, key) != "none" for key in OFFLOAD_KEYS) or host_embeddings(scenario)
+
+
+def host_embeddings(scenario: Scenario) -> bool:
+    """Whether model.embedding_placement = "host" (a DLRM's tables in host memory: offload/embeddings.py)."""
+    return scenario.model.embedding_placement == "host"
 
 
 def check_offload(scenario: Scenario, accumulation_steps: int) -> None:
@@ -95,7 +100,7 @@ def offload_config(scenario: Scenario, topology, world_size: int) -> OffloadConf
     where = f"{scenario.source}: cluster.topology = {scenario.cluster.topology!r}"
     try:
         host_capacity_bytes(topology)
-        rates = host_spec(topology) if p.offload_optimizer != "none" else None
+        rates = host_spec(topology) if p.offload_optimizer != "none" or host_embeddings(scenario) else None
     except TopologyError as error:
         raise TopologyError(f"{where}: {error}") from None
     if "nvme" in (p.offload_optimizer, p.offload_params) and not drives_of_node(topology, 0):
@@ -109,7 +114,7 @@ def offload_config(scenario: Scenario, topology, world_size: int) -> OffloadConf
         stream = rates.cpu_stream_bytes_per_s / ranks_on_node
     return OffloadConfig(p.offload_optimizer, p.offload_params, p.offload_activations,
                          prefetch_bucket_elements=p.prefetch_bucket_size, adam_bytes_per_s=adam,
-                         stream_bytes_per_s=stream)
+                         stream_bytes_per_s=stream, embeddings="host" if host_embeddings(scenario) else "device")
 
 
 def _with_drives() -> list[str]:

@@ -28,12 +28,13 @@ class OffloadConfig:
     prefetch_bucket_elements: int = 50_000_000
     adam_bytes_per_s: float = 0.0
     stream_bytes_per_s: float = 0.0
+    embeddings: str = "device"       # device | host (model.embedding_placement of a DLRM: offload/embeddings.py)
 
     @property
     def enabled(self) -> bool:
         """Whether anything is offloaded."""
         return "cpu" in (self.optimizer, self.params, self.activations) or \
-            "nvme" in (self.optimizer, self.params, self.activations)
+            "nvme" in (self.optimizer, self.params, self.activations) or self.embeddings == "host"
 
 
 @dataclass

@@ -102,8 +102,9 @@ def run_device(scenario, device: DeviceSpec) -> DeviceSpec:
         rule = (f"training.skipped_steps_fraction = {t.skipped_steps_fraction!r}: a skipped step is the loss "
                 f"scaler's data-dependent branch, which a replayed graph cannot take (allowed with graphs: 0)")
     elif offloading(scenario):
-        key = next(k for k in OFFLOAD_KEYS if getattr(p, k) != "none")
-        rule = (f"parallel.{key} = {getattr(p, key)!r}: offload runs work on the host (CPU-Adam, pinned-memory "
+        key = next((f"parallel.{k}" for k in OFFLOAD_KEYS if getattr(p, k) != "none"), "model.embedding_placement")
+        value = getattr(p, key[9:]) if key.startswith("parallel.") else scenario.model.embedding_placement
+        rule = (f"{key} = {value!r}: offload runs work on the host (CPU-Adam, pinned-memory "
                 f"hooks, drive reads) between the kernels, which a graph cannot capture (allowed with graphs: none)")
     if rule is not None:
         raise ScenarioError(f"{scenario.source}: training.cuda_graphs = true: {rule}")

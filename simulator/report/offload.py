@@ -81,6 +81,7 @@ class OffloadSummary:
         p, breakdown = scenario.parallel, report["time_breakdown"]
         report["offload"] = {"optimizer": p.offload_optimizer, "params": p.offload_params,
                              "activations": p.offload_activations,
+                             "embeddings": scenario.model.embedding_placement or "device",
                              "traffic_s": breakdown["offload_traffic_s"], "host_compute_s": breakdown["host_compute_s"],
                              "exposed_s": breakdown["exposed_offload_s"],
                              **{key: float(value) for key, value in self.bytes.items()}}

@@ -9,6 +9,8 @@ from typing import Mapping, Sequence
 
 from simulator.errors import ScenarioError
 from simulator.scenario import schema
+from simulator.scenario.cnn_model import resolve_resnet
+from simulator.scenario.dlrm_model import resolve_dlrm
 from simulator.scenario.hf_config import model_config_from_hf
 from simulator.scenario.presets import ALIASES, PRESETS, canonical_preset_name, list_presets, preset_values
 from simulator.scenario.schema import (
@@ -254,6 +256,10 @@ def _resolve_path(path: str, ctx: _Context) -> str:
 def _resolve_parallel(table: Mapping, model: ModelConfig, ctx: _Context) -> ParallelConfig:
     values = _with_defaults(_parse_table(table, "parallel", ctx), "parallel")
     src = ctx.source
+    for key in ("tp", "pp"):
+        if model.architecture in ("resnet", "dlrm") and values[key] != 1:
+            raise key_error(src, f"parallel.{key}", values[key], f"a {model.architecture} is simulated with data "
+                            f"parallelism only (model.architecture = {model.architecture!r}); allowed: 1")
     for heads_key in ("num_attention_heads", "num_kv_heads"):
         heads = getattr(model, heads_key)
         if heads % values["tp"]:
@@ -393,10 +399,16 @@ def _resolve_model(table: Mapping, ctx: _Context) -> ModelConfig:
         raise ScenarioError(f"{src}: model.architecture is missing: one of {', '.join(schema.ARCHITECTURES)} "
                             "is required (or give model.preset / model.hf_config)")
     for key, only in ARCH_ONLY_KEYS.items():
-        if key in values and only != arch:
+        allowed = (only,) if isinstance(only, str) else only
+        if key in values and arch not in allowed:
             if key in explicit:
-                raise fail(key, f"applies only to architecture {only!r} (model.architecture = {arch!r})")
+                names = " or ".join(repr(a) for a in allowed)
+                raise fail(key, f"applies only to architecture {names} (model.architecture = {arch!r})")
             del values[key]
+    if arch == "resnet":
+        return ModelConfig(**resolve_resnet(values, explicit, fail))
+    if arch == "dlrm":
+        return ModelConfig(**resolve_dlrm(values, explicit, fail))
     required = ("num_layers", "hidden_size", "num_attention_heads")
     if arch == "vit":
         for key in ("vocab_size", "seq_length", "max_position_embeddings"):
@@ -492,7 +504,11 @@ for another architecture when written explicitly, and dropped when they came fro
 `hidden_size % num_attention_heads == 0`, `num_attention_heads % num_kv_heads == 0`, gpt/bert need
 `seq_length <= max_position_embeddings`, vit needs `image_size % patch_size == 0` and derives
 `seq_length` = `max_position_embeddings` = (image_size / patch_size)^2 + 1 (an explicit different value
-is an error; vit has `vocab_size` 0 and no tied embeddings).
+is an error; vit has `vocab_size` 0 and no tied embeddings). A `resnet` reads only `resnet_blocks`,
+`resnet_block`, `image_size`, `num_channels` and `num_classes` (any transformer key is an error); its
+`num_layers` is the number of residual blocks and its `seq_length` is 1, so `tokens_per_s` counts images
+(docs/model-options.md). A `dlrm` reads only its `embedding_*`, `lookups_per_table`, `dense_features`,
+`bottom_mlp` and `top_mlp` keys; `tokens_per_s` counts samples.
 """
 
 _CROSS_NOTES = {
@@ -543,7 +559,7 @@ def reference_markdown() -> str:
             lines += [_MODEL_NOTES.strip(), "", "Architecture defaults:", "",
                       "| architecture | " + " | ".join(ARCH_DEFAULTS["gpt"]) + " |",
                       "|---" * (len(ARCH_DEFAULTS["gpt"]) + 1) + "|"]
-            for arch in schema.ARCHITECTURES:
+            for arch in schema.TRANSFORMERS:
                 cells = " | ".join(schema.toml_text(ARCH_DEFAULTS[arch][key]) for key in ARCH_DEFAULTS["gpt"])
                 lines.append(f"| {arch} | {cells} |")
             lines.append("")

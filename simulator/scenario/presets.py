@@ -1,4 +1,4 @@
-"""Named model presets (GPT-2, GPT-3, LLaMA-2, BERT, ViT) with the source of every number."""
+"""Named model presets (GPT-2, GPT-3, LLaMA-2, BERT, ViT, ResNet, DLRM) with the source of every number."""
 
 from __future__ import annotations
 
@@ -94,6 +94,25 @@ PRESETS: tuple[Preset, ...] = (
         ("ffn_hidden_size", 4096), ("image_size", 224), ("patch_size", 16), ("num_channels", 3),
         ("num_classes", 1000),
     )),
+    # He et al. 2016, "Deep Residual Learning for Image Recognition", Table 1: blocks per stage (conv2_x..conv5_x)
+    # 18: [2, 2, 2, 2] basic, 34: [3, 4, 6, 3] basic, 50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]
+    # bottleneck; 224 x 224 ImageNet input, 1000 classes (torchvision.models.resnet: the same layout, v1.5 stride).
+    *(Preset(f"resnet{depth}", "He et al. 2016 Table 1; torchvision.models.resnet", (
+        ("architecture", "resnet"), ("resnet_blocks", blocks), ("resnet_block", kind), ("image_size", 224),
+        ("num_channels", 3), ("num_classes", 1000),
+    )) for depth, blocks, kind in ((18, (2, 2, 2, 2), "basic"), (34, (3, 4, 6, 3), "basic"),
+                                   (50, (3, 4, 6, 3), "bottleneck"), (101, (3, 4, 23, 3), "bottleneck"),
+                                   (152, (3, 8, 36, 3), "bottleneck"))),
+    # DLRM on Criteo 1TB as TorchRec's example trains it (pytorch/torchrec examples/dlrm/dlrm_main.py defaults for
+    # Criteo 1TB: --num_embeddings_per_feature, --embedding_dim 128, --dense_arch_layer_sizes 512,256,128,
+    # --over_arch_layer_sizes 1024,1024,512,256,1); 13 dense features, one index per categorical feature.
+    Preset("dlrm-criteo-1tb", "pytorch/torchrec examples/dlrm/dlrm_main.py (Criteo 1TB defaults)", (
+        ("architecture", "dlrm"),
+        ("embedding_rows", (45833188, 36746, 17245, 7413, 20243, 3, 7114, 1441, 62, 29275261, 1572176, 345138, 10,
+                            2209, 11267, 128, 4, 974, 14, 48937457, 11316796, 40094537, 452104, 12606, 104, 35)),
+        ("embedding_dim", 128), ("lookups_per_table", 1), ("dense_features", 13), ("bottom_mlp", (512, 256, 128)),
+        ("top_mlp", (1024, 1024, 512, 256, 1)),
+    )),
 )
 
 ALIASES: Mapping[str, str] = MappingProxyType({
@@ -102,6 +121,7 @@ ALIASES: Mapping[str, str] = MappingProxyType({
     "gpt2-774m": "gpt2-large",
     "gpt2-1.5b": "gpt2-xl",
     "gpt3-175b": "gpt3-175b",
+    "resnet-50": "resnet50",
 })
 
 _BY_NAME: Mapping[str, Preset] = MappingProxyType({preset.name: preset for preset in PRESETS})

@@ -7,6 +7,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from simulator.hardware.attention_backend import BACKEND_CHOICES
+from simulator.scenario.cnn_model import RESNET_BLOCKS, block_counts
+from simulator.scenario.dlrm_model import PLACEMENTS, int_array, rows_per_table
 from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables use, and names callers import from here
     SCHEDULES, Invalid, short_repr, did_you_mean, int_at_least, int_between, positive_float, unit_fraction,
     fraction_below_one, boolean, choice, text, string, optional_path, size_bytes, recompute_mode,
@@ -14,7 +16,8 @@ from simulator.scenario.parsers import (  # noqa: F401  parsers the key tables u
     max_split_size, roundup_power2_divisions, context_bytes, host_memory_size, auto_or_bool, module_list,
 )
 
-ARCHITECTURES = ("gpt", "llama", "bert", "vit")
+ARCHITECTURES = ("gpt", "llama", "bert", "vit", "resnet", "dlrm")
+TRANSFORMERS = ("gpt", "llama", "bert", "vit")     # resnet: scenario/cnn_model.py; dlrm: scenario/dlrm_model.py
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 ATTENTIONS = ("flash", "eager", "linformer")
@@ -46,10 +49,13 @@ ARCH_DEFAULTS: Mapping[str, Mapping[str, object]] = MappingProxyType({
                              "patch_size": 16, "num_channels": 3, "num_classes": 1000}),
 })
 
-# Model keys that only one architecture uses, and the keys a vit derives instead of reading.
-ARCH_ONLY_KEYS: Mapping[str, str] = MappingProxyType({
-    "rope_theta": "llama", "type_vocab_size": "bert", "image_size": "vit", "patch_size": "vit",
-    "num_channels": "vit", "num_classes": "vit",
+# Model keys that only some architectures use (one name or a tuple of them).
+ARCH_ONLY_KEYS: Mapping[str, str | tuple[str, ...]] = MappingProxyType({
+    "rope_theta": "llama", "type_vocab_size": "bert", "image_size": ("vit", "resnet"), "patch_size": "vit",
+    "num_channels": ("vit", "resnet"), "num_classes": ("vit", "resnet"), "resnet_blocks": "resnet",
+    "resnet_block": "resnet", **{key: "dlrm" for key in (
+        "embedding_rows", "embedding_tables", "embedding_dim", "lookups_per_table", "dense_features", "bottom_mlp",
+        "top_mlp", "embedding_placement")},
 })
 
 
@@ -136,10 +142,20 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
     _k("post_norm", boolean, None, "bool", "normalisation after the residual add (BERT) instead of before", "bert: true; others: false"),
     _k("rope_theta", positive_float, None, "float > 0", "rotary embedding base (llama only)", "llama: 10000.0"),
     _k("type_vocab_size", _POS, None, "int >= 1", "token-type embeddings (bert only)", "bert: 2"),
-    _k("image_size", _POS, None, "int >= 1", "input image side in pixels (vit only)", "vit: 224"),
+    _k("image_size", _POS, None, "int >= 1", "input image side in pixels (vit and resnet)", "vit, resnet: 224"),
     _k("patch_size", _POS, None, "int >= 1", "patch side in pixels; must divide image_size (vit only)", "vit: 16"),
-    _k("num_channels", _POS, None, "int >= 1", "input image channels (vit only)", "vit: 3"),
-    _k("num_classes", _POS, None, "int >= 1", "classifier outputs (vit only)", "vit: 1000"),
+    _k("num_channels", _POS, None, "int >= 1", "input image channels (vit and resnet)", "vit, resnet: 3"),
+    _k("num_classes", _POS, None, "int >= 1", "classifier outputs (vit and resnet)", "vit, resnet: 1000"),
+    _k("resnet_blocks", block_counts, None, "array of int >= 1", "resnet: residual blocks per stage (ResNet-50: [3, 4, 6, 3]); stage i has width 64 * 2^i", "required for resnet (or a resnet preset)"),
+    _k("resnet_block", choice(RESNET_BLOCKS), None, " | ".join(RESNET_BLOCKS), "resnet: bottleneck (1x1, 3x3, 1x1, 4x wider out; ResNet-50/101/152) or basic (3x3, 3x3; ResNet-18/34) blocks", "resnet: bottleneck"),
+    _k("embedding_rows", rows_per_table, None, "int >= 1 | array of int >= 1", "dlrm: rows of each embedding table (one number for every table, with embedding_tables)", "required for dlrm (or a dlrm preset)"),
+    _k("embedding_tables", _POS, None, "int >= 1", "dlrm: number of embedding tables (categorical features) when embedding_rows is one number", "len(embedding_rows)"),
+    _k("embedding_dim", _POS, None, "int >= 1", "dlrm: embedding dimension (the bottom MLP's output width)", "required for dlrm"),
+    _k("lookups_per_table", _POS, None, "int >= 1", "dlrm: indices sum-pooled per table and sample (1: one-hot categorical features)", "dlrm: 1"),
+    _k("dense_features", _POS, None, "int >= 1", "dlrm: dense input features", "dlrm: 13"),
+    _k("bottom_mlp", int_array, None, "array of int >= 1", "dlrm: bottom MLP widths; the last equals embedding_dim", "required for dlrm"),
+    _k("top_mlp", int_array, None, "array of int >= 1", "dlrm: top MLP widths; the last is 1", "required for dlrm"),
+    _k("embedding_placement", choice(PLACEMENTS), None, " | ".join(PLACEMENTS), "dlrm: where the embedding tables live: GPU parameters, or host memory with pooled lookups copied over PCIe and the sparse update on the host (docs/model-options.md; needs a topology with host memory)", "dlrm: device"),
 )
 
 TRAINING_KEYS: tuple[KeySpec, ...] = (
@@ -282,6 +298,16 @@ class ModelConfig:
     patch_size: int | None = None
     num_channels: int | None = None
     num_classes: int | None = None
+    resnet_blocks: tuple[int, ...] | None = None
+    resnet_block: str | None = None
+    embedding_rows: tuple[int, ...] | None = None
+    embedding_tables: int | None = None
+    embedding_dim: int | None = None
+    lookups_per_table: int | None = None
+    dense_features: int | None = None
+    bottom_mlp: tuple[int, ...] | None = None
+    top_mlp: tuple[int, ...] | None = None
+    embedding_placement: str | None = None
 
     @property
     def head_dim(self) -> int:

@@ -73,6 +73,9 @@ def resolve_targets(names: tuple[str, ...], architecture: str, activation: str) 
     Raises:
         PlanError: a name no linear of the model's blocks has.
     """
+    if architecture not in DEFAULT_TARGETS:
+        raise PlanError(f"training.peft with model.architecture = {architecture!r}: adapters are simulated on "
+                        f"transformer linears; allowed: {', '.join(DEFAULT_TARGETS)}")
     modules = block_modules(architecture, activation)
     if names == ("auto",):
         names = DEFAULT_TARGETS[architecture]

@@ -118,6 +118,9 @@ class IterationWorkload:
 
 
 def _inputs(tape: Tape, shape: Shape, b: int, dt: str) -> tuple[Ref, Ref]:
+    if shape.architecture == "resnet":
+        pixels = tape.storage("pixels", (b, shape.channels, shape.image, shape.image), dt, OTHER)
+        return pixels, tape.storage("targets", (b,), "int64", OTHER)
     if shape.architecture == "vit":
         side = int(round((shape.seq - 1) ** 0.5)) * shape.patch
         image = (b, shape.channels, side, side)
@@ -259,9 +262,15 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         build_dtype = frozen_dtype(dts.param, dts.autocast)
         adapters = Adapters(recipe.lora, ops, dts.param, build_dtype)
         ops.frozen_aware = True
-    builder = TransformerBuilder(ops, shape, build_dtype, Checkpointing(recipe.recompute), b, adapters=adapters)
-    input_dtype = dts.autocast or dts.param
-    idx, targets = _inputs(tape, shape, b, input_dtype)
+    builder = make_builder(ops, shape, build_dtype, Checkpointing(recipe.recompute), b, adapters)
+    # A data loader hands a CNN fp32 images (autocast casts them for the first conv).
+    input_dtype = dts.param if shape.architecture == "resnet" else dts.autocast or dts.param
+    if shape.architecture == "dlrm":
+        inputs = builder.inputs()
+        idx, targets = inputs, None
+    else:
+        idx, targets = _inputs(tape, shape, b, input_dtype)
+        inputs = (idx, targets)
     loss = builder.forward(idx, targets)
     # Communication buffers are created on first use during the forward.
     frozen = adapters.frozen if adapters is not None else []
@@ -280,8 +289,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
                      rng_state_bytes=rng_bytes)
         tape2.saver = tape.saver
         tape2._storages.update({ref.id: tape._storages[ref.id] for ref in persistent_refs})
-        tape2._storages[idx.id] = tape._storages[idx.id]
-        tape2._storages[targets.id] = tape._storages[targets.id]
+        tape2._storages.update({ref.id: tape._storages[ref.id] for ref in inputs})
         ops2 = Ops(tape2, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
                    sequence_parallel=recipe.sequence_parallel, comm_buffers=ops._comm_buffers)
         ops2.frozen_aware = ops.frozen_aware
@@ -301,7 +309,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         st = tape._storages[ref.id]
         tensors[ref.id] = Tensor(ref.id, st.name, ref.nbytes, st.category, ref.dtype, ref.shape,
                                  persistent=True)
-    for ref in (idx, targets):
+    for ref in inputs:
         tensors[ref.id] = Tensor(ref.id, tape._storages[ref.id].name, ref.nbytes, OTHER, ref.dtype, ref.shape)
     persistent = [ref.id for ref in persistent_refs]
     params = builder.params
@@ -318,13 +326,14 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
         tensors=tensors,
         persistent=tuple(persistent),
         optimizer_state_ids=tuple(t.id for t in state_tensors),
-        microbatch_inputs=(idx.id, targets.id),
+        microbatch_inputs=tuple(ref.id for ref in inputs),
         first_microbatch=first_ops,
         later_microbatch=later_ops,
         optimizer=opt_ops,
         gradients=tuple(grads),
         parameter_count=sum(numel(r.shape) for r in params.refs) + (adapters.frozen_count if adapters else 0),
         meta={"dtypes": dts, "tp": recipe.tp, "sequence_parallel": ops.sp, "loss_scaler": states.loss_scaler,
+              **({"host_embeddings": (shape.dlrm, b)} if getattr(builder, "pooled", None) is not None else {}),
               **({"trainable_parameters": sum(numel(r.shape) for r in params.refs),
                   "frozen_ids": tuple(ref.id for ref in frozen)} if adapters else {})},
         first_use=first_use,
@@ -342,6 +351,21 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     return _offloaded(apply_data_parallel(workload, setup, infos, lists, ids), recipe, params, ids, tape.saver)
 
 
+def make_builder(ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing, b: int,
+                 adapters: Adapters | None = None):
+    """The whole-model builder of the architecture: a ResNet (workload/resnet.py), a DLRM (workload/dlrm.py) or a
+    transformer (with LoRA / QLoRA `adapters`: api refuses them for the others)."""
+    if shape.architecture == "resnet":
+        from simulator.workload.resnet import ResNetBuilder
+
+        return ResNetBuilder(ops, shape, param_dtype, checkpointing, b)
+    if shape.architecture == "dlrm":
+        from simulator.workload.dlrm import DLRMBuilder
+
+        return DLRMBuilder(ops, shape, param_dtype, checkpointing, b)
+    return TransformerBuilder(ops, shape, param_dtype, checkpointing, b, adapters=adapters)
+
+
 def _host_saver(recipe: Recipe):
     """save_on_cpu's hooks for the tapes when activations are offloaded (offload/activations.py), else None."""
     if recipe.offload is None or recipe.offload.activations != "cpu":
@@ -357,4 +381,5 @@ def _offloaded(workload: IterationWorkload, recipe: Recipe, params, ids: IdSourc
         return workload
     from simulator.offload.apply import apply_offload
 
-    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver)
+    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver,
+                         optimizer=recipe.optimizer)

@@ -50,6 +50,10 @@ class Shape:
     shared_layers: bool = False     # ALBERT: every layer uses the first layer's parameters
     linformer_k: int = 0            # attention "linformer": the projected sequence length
     mlp_sparsity: str = "none"      # "2:4": the MLP linears run torchao's SemiSparseLinear (workload/sparsity.py)
+    resnet_blocks: tuple[int, ...] = ()   # resnet: residual blocks per stage (workload/resnet.py)
+    resnet_bottleneck: bool = True        # resnet: bottleneck (1x1, 3x3, 1x1) blocks, else basic (3x3, 3x3)
+    image: int = 224                      # resnet: input image side in pixels
+    dlrm: object = None                   # dlrm: a workload.dlrm.DLRMShape
 
     @property
     def head_dim(self) -> int:
@@ -610,6 +614,14 @@ class TransformerBuilder:
 def model_parameter_count(shape: Shape) -> int:
     """Parameters of the whole (unsharded) model, as its builder declares them."""
     from simulator.workload.primitives import KernelProfile, Ops
+    if shape.architecture == "resnet":
+        from simulator.workload.resnet import resnet_parameter_count
+
+        return resnet_parameter_count(shape)
+    if shape.architecture == "dlrm":
+        from simulator.workload.dlrm import dlrm_parameter_count
+
+        return dlrm_parameter_count(shape)
     from simulator.workload.tape import Tape, numel
 
     builder = TransformerBuilder(Ops(Tape(), KernelProfile()), shape, "fp32", Checkpointing(), 1)
