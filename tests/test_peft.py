@@ -130,6 +130,14 @@ def test_bad_lora_keys_are_refused_at_load():
         scenario_from_dict(_doc(lora={"dropout": 0.1}))
 
 
+def test_adapters_are_refused_off_the_transformers():
+    from simulator.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "seeds" / "resnet50-fp32-b32-3090.toml"
+    with pytest.raises(MemsimError, match="model.architecture = 'resnet'"):
+        simulate(load_scenario(path, ['training.peft="lora"']))
+
+
 def test_cli_refuses_qlora_on_the_cpu_and_zero3(tmp_path):
     path = tmp_path / "q.toml"
     path.write_text('[model]\npreset = "gpt2"\nnum_layers = 2\n[training]\npeft = "qlora"\n'

@@ -135,7 +135,8 @@ def _peft(s: Scenario, gpus: int) -> list[Change]:
     p, t = s.parallel, s.training
     if t.peft != "none" or t.framework != "torch" or p.tp > 1 or p.pp > 1 or p.zero_stage > 2 or offloading(s) \
             or t.precision not in ("fp32", "bf16", "bf16-mixed", "fp16-mixed") or t.sparsity != "none" \
-            or p.gradient_compression != "none" or s.model.share_layers:
+            or p.gradient_compression != "none" or s.model.share_layers \
+            or s.model.architecture not in ("gpt", "llama", "bert", "vit"):
         return []
     return [Change("LoRA adapters (r 8, PEFT's default modules; the base model frozen)", "peft",
                    (_set("training.peft", "lora"),), gpus),
