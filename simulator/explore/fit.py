@@ -184,7 +184,7 @@ def _simulate(job: tuple[dict, str, list[str]]) -> dict | str:
 
     document, source, sets = job
     try:
-        return simulate(scenario_from_dict(document, source, sets), timelines=False).report
+        return simulate(scenario_from_dict(document, source, sets), timelines=False, events=False).report
     except MemsimError as error:
         return str(error)
 
