@@ -132,7 +132,9 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
     except PlanError as error:
         raise PlanError(f"{src}: {error}") from None
     from simulator.offload.config import check_offload
+    from simulator.scenario.size import check_size
 
+    check_size(scenario)
     t = scenario.training
     check_offload(scenario, t.global_batch_size // (t.micro_batch_size * p.dp))
 
