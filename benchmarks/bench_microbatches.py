@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def main() -> None:
     if args.old != "none":
         trees["old"], cleanup = old_tree(args.old, ROOT)
     rows = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # so that `finally` removes the worktree
     try:
         for schedule in schedules:
             for index, m in enumerate(counts):

@@ -86,6 +86,10 @@ def run_cli(tree: Path, scenario: Path, timeout_s: float, extra: tuple[str, ...]
             process.kill()
             process.wait()
             returncode = None
+        except BaseException:         # interrupted: leave no simulation running
+            process.kill()
+            done.set()
+            raise
         wall = time.perf_counter() - start
         done.set()
         sampler.join()
