@@ -63,7 +63,8 @@ def main() -> None:
                 for which in order:
                     load = os.getloadavg()[0]
                     timed = run_cli(trees[which], scenario, args.timeout_s)
-                    digests[which] = timed.md5
+                    if timed.returncode == 0:
+                        digests[which] = timed.md5      # a stopped or failed run has no report to compare
                     row = {"target": name, "code": which, "repeat": repeat, "wall_s": round(timed.wall_s, 2),
                            "peak_rss_gb": round(timed.peak_rss_bytes / GB, 3), "returncode": timed.returncode,
                            "load_1min": round(load, 2), "target_s": target_s,
@@ -73,7 +74,7 @@ def main() -> None:
                     print(f"{name:22s} {which:3s} #{repeat} {timed.wall_s:8.2f} s {timed.peak_rss_bytes / GB:6.2f} GB "
                           f"(target {target_s:g} s) load {load:4.1f} {status} {timed.error}", file=sys.stderr,
                           flush=True)
-                if len(digests) == 2:
+                if len(digests) == 2 and len(trees) == 2:
                     same = digests["old"] == digests["new"]
                     for row in rows[-2:]:
                         row["same_report"] = same
