@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,5 +111,6 @@ def old_tree(commit: str, repository: Path) -> tuple[Path, object]:
     def cleanup() -> None:
         subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", str(path)],
                        capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
     return path, cleanup
