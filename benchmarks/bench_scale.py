@@ -108,7 +108,7 @@ def phase_times(path: Path) -> dict:
     metrics.build_multi_report = timed(metrics.build_multi_report, "report")
     start, workers = time.process_time(), _children_cpu_s()
     wall = time.perf_counter()
-    api.simulate(load_scenario(path, []), timelines=False)      # as `memsim run --json` does
+    api.simulate(load_scenario(path, []), timelines=False, events=False)      # as `memsim run --json` does
     spent["total"] = time.process_time() - start
     # The memory calls are made by forked workers on a machine with two cores or more (engine/memory_worker.py):
     # their CPU time is not this process's.

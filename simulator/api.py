@@ -181,7 +181,9 @@ def _check_plan(scenario: Scenario, multi: bool = False) -> None:
     except PlanError as error:
         raise PlanError(f"{src}: {error}") from None
     from simulator.offload.config import check_offload
+    from simulator.scenario.size import check_size
 
+    check_size(scenario)
     t = scenario.training
     check_offload(scenario, t.global_batch_size // (t.micro_batch_size * p.dp))
 
@@ -260,19 +262,22 @@ def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
     return build_iteration(model_shape(scenario), recipe_for(scenario, device), kernel_profile(device))
 
 
-def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int | None = None) -> Result:
+def simulate(scenario: Scenario, *, timelines: bool = True, events: bool = True,
+             memory_workers: int | None = None) -> Result:
     """Simulate a scenario and summarize it (the job not fitting is a result, not an error).
 
     `timelines` False: keep no memory samples (`Result.trace.ranks[k].memory` is empty). The report does not
     read them, only the memory plot and the Chrome trace's counters do; at GPT-3 175B on 1,024 GPUs keeping
     them costs a fifth of the run. Every other result is the same either way (tests/test_stretches.py).
+    `events` False: keep no allocator events whatever `run.record_events` says (`allocator_events` is empty);
+    only the memory snapshot reads them, and the report is the same byte for byte (tests/test_outputs_asked.py).
     `memory_workers`: processes making the memory calls while the engine runs (0: in this process; None:
     chosen by the run's size and the cores available: simulator/engine/memory_worker.py). Results are the same.
     """
     p = scenario.parallel
     if p.dp * p.tp * p.pp > 1 or _names_topology(scenario):
         _check_plan(scenario, multi=True)
-        return simulate_multi(scenario, timelines=timelines, memory_workers=memory_workers)
+        return simulate_multi(scenario, timelines=timelines, events=events, memory_workers=memory_workers)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     _check_device_options(scenario, cluster.device)
@@ -281,28 +286,30 @@ def simulate(scenario: Scenario, *, timelines: bool = True, memory_workers: int 
     workload = build_iteration(model_shape(scenario), recipe, kernel_profile(device))
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
                                 recipe.accumulation_steps)
-    trace = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
-                              _engine_options(timelines, memory_workers))
+    trace = simulate_programs([program], [_allocator(scenario, cluster, events)],
+                              [cluster.allocator_capacity_bytes], _engine_options(timelines, memory_workers))
     report = build_report(scenario, cluster, workload, recipe, trace)
     fraction = scenario.training.skipped_steps_fraction
     if fraction > 0:
         skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer))
         program = lower_single_rank(skipping, device, scenario.run.warmup_iterations, scenario.run.iterations,
                                     recipe.accumulation_steps)
-        skipped = simulate_programs([program], [_allocator(scenario, cluster)], [cluster.allocator_capacity_bytes],
+        skipped = simulate_programs([program], [_allocator(scenario, cluster, False)],
+                                    [cluster.allocator_capacity_bytes],
                                     _engine_options(False, memory_workers))
         blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     report.update(iteration_interval(report, scenario, cluster, trace))
     return Result(report, trace, scenario)
 
 
-def _allocator(scenario: Scenario, cluster):
-    """A fresh allocator model for one rank of `scenario` on `cluster`."""
+def _allocator(scenario: Scenario, cluster, events: bool = True):
+    """A fresh allocator model for one rank of `scenario` on `cluster` (events kept if both `events` and
+    run.record_events ask for them)."""
     return make_allocator(cluster.allocator_kind, cluster.allocator_capacity_bytes,
                           max_split_size_bytes=scenario.allocator.max_split_size,
                           roundup_power2_divisions=scenario.allocator.roundup_power2_divisions,
                           expandable_segments=scenario.allocator.expandable_segments,
-                          record_events=scenario.run.record_events)
+                          record_events=scenario.run.record_events and events)
 
 
 def _names_topology(scenario: Scenario) -> bool:
@@ -342,9 +349,11 @@ def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOption
     return options if timelines else dataclasses.replace(options, record_timeline=False)
 
 
-def simulate_multi(scenario: Scenario, *, timelines: bool = True, memory_workers: int | None = None) -> Result:
+def simulate_multi(scenario: Scenario, *, timelines: bool = True, events: bool = True,
+                   memory_workers: int | None = None) -> Result:
     """Simulate a dp × tp × pp plan on a multi-GPU cluster: one representative rank per pipeline stage
-    (`run.full`: every rank; the report still lists the representatives). `timelines`: as for `simulate`.
+    (`run.full`: every rank; the report still lists the representatives). `timelines`, `events`: as for
+    `simulate`.
 
     With tp = pp = dp = 1 on a one-device cluster this gives the same result as `simulate`.
     Python's cyclic garbage collector is paused meanwhile: a cluster-scale run creates millions of
@@ -354,7 +363,7 @@ def simulate_multi(scenario: Scenario, *, timelines: bool = True, memory_workers
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate_multi(scenario, timelines, memory_workers)
+        return _simulate_multi(scenario, timelines, events, memory_workers)
     finally:
         if enabled:
             gc.enable()
@@ -404,7 +413,7 @@ def _multi_setup(scenario: Scenario) -> tuple:
     return cluster, topology, plan, recipe, schedule
 
 
-def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | None) -> Result:
+def _simulate_multi(scenario: Scenario, timelines: bool, events: bool, memory_workers: int | None) -> Result:
     """simulate_multi's work, with the garbage collector paused."""
     from simulator.parallel.lower_multi import lower_multi
     from simulator.parallel.overlap import resolve_overlap
@@ -420,7 +429,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
                                       scenario.run.warmup_iterations, scenario.run.iterations, workload, full,
                                       overlap)
-    allocators = [_allocator(scenario, cluster) for _ in programs]
+    allocators = [_allocator(scenario, cluster, events) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                               _engine_options(timelines, memory_workers), topology=topology, plan=plan)
     offload = None
@@ -444,7 +453,7 @@ def _simulate_multi(scenario: Scenario, timelines: bool, memory_workers: int | N
         skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer)) if workload else None
         others, _ = lower_multi(shape, recipe, profile, plan, schedule, device, scenario.run.warmup_iterations,
                                 scenario.run.iterations, skipping, full, overlap, skipped_steps=True)
-        skipped = simulate_programs(others, [_allocator(scenario, cluster) for _ in others],
+        skipped = simulate_programs(others, [_allocator(scenario, cluster, False) for _ in others],
                                     [cluster.allocator_capacity_bytes] * len(others),
                                     _engine_options(False, memory_workers), topology=topology, plan=plan)
         blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)

@@ -110,8 +110,8 @@ def run(
 
     try:
         loaded = load_scenario(scenario, (set_ or []) + (["run.full=true"] if full else []))
-        # only the --out files read memory samples
-        result = simulate(loaded, timelines=out is not None, memory_workers=memory_workers)
+        # only the --out files read memory samples and allocator events (the snapshot)
+        result = simulate(loaded, timelines=out is not None, events=out is not None, memory_workers=memory_workers)
         keep(result)
         if not result.report["fits"] and fit_advice > 0:
             from simulator.explore.fit import what_would_fit

@@ -232,7 +232,7 @@ def predict(run: PublishedRun, memory_workers: int | None = None) -> Prediction:
     from simulator import scenario_from_dict, simulate
 
     scenario = scenario_from_dict(dict(run.scenario), source=str(run.path))
-    report = simulate(scenario, timelines=False, memory_workers=memory_workers).report
+    report = simulate(scenario, timelines=False, events=False, memory_workers=memory_workers).report
     return Prediction(run, float(report["iteration_time_s"]), float(report["communication"]["exposed_s"]),
                       float(report["bubble_fraction"]), bool(report["fits"]))
 

@@ -206,6 +206,9 @@ def _combine(changes: Sequence[Change], size: int) -> list[Change]:
     for group in itertools.combinations(changes, size):
         if len({c.axis for c in group}) < size:
             continue
+        keys = [item.split("=", 1)[0] for c in group for item in c.sets]
+        if len(set(keys)) < len(keys):
+            continue               # two changes set the same key (say, two topologies): not a combination
         sets = tuple(item for c in group for item in c.sets)
         combined.append(Change(" + ".join(c.label for c in group), "+".join(c.axis for c in group), sets,
                                max(c.gpus for c in group)))
@@ -218,7 +221,7 @@ def _simulate(job: tuple[dict, str, list[str]]) -> dict | str:
 
     document, source, sets = job
     try:
-        return simulate(scenario_from_dict(document, source, sets), timelines=False).report
+        return simulate(scenario_from_dict(document, source, sets), timelines=False, events=False).report
     except MemsimError as error:
         return str(error)
 

@@ -118,7 +118,7 @@ def simulate_candidate(job: tuple[dict, str, list[str]]) -> dict:
     from simulator.api import simulate
 
     document, source, settings = job
-    return simulate(scenario_from_dict(document, source, settings), timelines=False).report
+    return simulate(scenario_from_dict(document, source, settings), timelines=False, events=False).report
 
 
 def _document(scenario: Scenario | str | os.PathLike) -> tuple[dict, str]:

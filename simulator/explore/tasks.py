@@ -46,7 +46,8 @@ def simulate_point(task: PointTask) -> dict:
     from simulator.api import simulate
 
     try:
-        return outcome_of(simulate(task.scenario(), timelines=False, memory_workers=task.memory_workers).report)
+        return outcome_of(simulate(task.scenario(), timelines=False, events=False,
+                                    memory_workers=task.memory_workers).report)
     except MemsimError as error:
         return {"error": str(error)}
 
