@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from simulator import lifetime
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
+from simulator.engine.memory_worker import MAX_CHOSEN_WORKERS
 from simulator.errors import MemsimError, PlanError
 from simulator.hardware.attention_backend import with_attention_backend
 from simulator.hardware.catalog import DeviceSpec
@@ -242,6 +243,10 @@ def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOption
     """The engine's options for `simulate(..., timelines, memory_workers)`."""
     options = EngineOptions()
     if memory_workers is not None:
+        if isinstance(memory_workers, bool) or not isinstance(memory_workers, int) \
+                or not 0 <= memory_workers <= MAX_CHOSEN_WORKERS:
+            raise MemsimError(f"memory_workers = {memory_workers!r}: must be an integer in 0..{MAX_CHOSEN_WORKERS} "
+                              f"(0: in this process)")
         options = dataclasses.replace(options, memory_workers=memory_workers)
     return options if timelines else dataclasses.replace(options, record_timeline=False)
 

@@ -95,7 +95,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON report.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Simulate every rank (sets run.full = true).")] = False,
     memory_workers: Annotated[Optional[int], typer.Option(
-        "--memory-workers", min=0,
+        "--memory-workers", min=0, max=1024,
         help="Processes making the memory calls while the engine runs (0: none; default: by the run's size "
              "and the cores available). Results are the same.")] = None,
     fit_advice: Annotated[int, typer.Option(
@@ -193,6 +193,41 @@ def presets() -> None:
         typer.echo(name)
 
 
+def _click_exceptions():
+    """The exceptions module of the click that typer runs on (typer >= 0.22 vendors its own as typer._click)."""
+    from typer import core
+
+    vendored = getattr(core, "_click", None)
+    if vendored is not None:
+        return vendored.exceptions
+    import click
+
+    return click.exceptions
+
+
+def _run_app(args: list[str] | None = None) -> int:
+    """Run the app with click's errors as memsim's: a usage error (unknown option or command, a bad or missing
+    value) is one line on stderr and exit status 2, not click's boxed message; the exit status otherwise."""
+    click = _click_exceptions()
+    try:
+        value = app(args=args, standalone_mode=False)
+    except click.NoArgsIsHelpError as error:   # `memsim`, `memsim topo`: the help, as before
+        sys.stdout.write(error.ctx.get_help() + "\n")
+        return 2
+    except click.UsageError as error:
+        command = error.ctx.command_path if error.ctx is not None else "memsim"
+        message = " ".join(error.format_message().split())
+        sys.stderr.write(f"memsim: error: {message} (see {command} --help)\n")
+        return 2
+    except click.ClickException as error:     # a file option that cannot be opened, ...
+        sys.stderr.write(f"memsim: error: {' '.join(error.format_message().split())}\n")
+        return error.exit_code or 2
+    except typer.Abort:
+        sys.stderr.write("memsim: aborted\n")
+        return 1
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def main() -> None:
     """Console-script entry point."""
     code: int | str | None = 0
@@ -202,7 +237,7 @@ def main() -> None:
     gc.disable()
     keep_until_exit()            # and no releasing them one by one either: see simulator/lifetime.py
     try:
-        app(standalone_mode=True)
+        code = _run_app()
     except SystemExit as done:
         code = done.code
     except MemsimError as error:  # defensive: any command that lets one escape

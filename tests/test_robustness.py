@@ -138,3 +138,28 @@ def test_a_topology_file_that_is_not_utf8(tmp_path):
 def test_only_memsim_errors_carry_one_line():
     for error in (DataError, PlanError, ScenarioError, ScheduleError, TopologyError):
         assert issubclass(error, MemsimError) and error.exit_code == 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--memory-workers", "-1", "x.toml"], "Invalid value for '--memory-workers'"),
+    (["run", "--memory-workers", "abc", "x.toml"], "Invalid value for '--memory-workers'"),
+    (["run", "--memory-workers", "100000", "x.toml"], "less than or equal to 1024"),
+    (["run", "--bogus", "x.toml"], "No such option: --bogus"),
+    (["run"], "Missing argument 'scenario'"),
+    (["frobnicate"], "No such command 'frobnicate'"),
+    (["topo", "show"], "Missing argument 'name'"),
+])
+def test_usage_errors_are_one_line_and_exit_2(capsys, args, message):
+    """Typer's boxed usage errors became one `memsim: error:` line like every other error."""
+    from simulator.cli import _run_app
+
+    assert _run_app(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memsim: error: ") and message in err and err.count("\n") == 1
+
+
+def test_memory_workers_beyond_any_machine_are_refused_by_the_api():
+    scenario = scenario_from_dict(_doc(), "x.toml")
+    for bad in (-1, 10**6, True, 1.5):
+        with pytest.raises(MemsimError, match=r"memory_workers = .*: must be an integer in 0..1024"):
+            simulate(scenario, timelines=False, memory_workers=bad)
