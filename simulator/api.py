@@ -307,9 +307,10 @@ def _multi_setup(scenario: Scenario) -> tuple:
                         f"host memory or PCIe links; offload needs a topology (one GPU: 'workstation-rtx4090')")
     topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
     plan = make_plan(scenario, topology)
-    resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)     # its refusals
+    overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)   # refusals
     recipe = multi_recipe(scenario, device, cluster.topology)
-    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages,
+                             blocking_sends=not overlap.overlap_p2p_comm)
     return cluster, topology, plan, recipe, schedule
 
 
