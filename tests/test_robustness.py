@@ -163,3 +163,23 @@ def test_memory_workers_beyond_any_machine_are_refused_by_the_api():
     for bad in (-1, 10**6, True, 1.5):
         with pytest.raises(MemsimError, match=r"memory_workers = .*: must be an integer in 0..1024"):
             simulate(scenario, timelines=False, memory_workers=bad)
+
+
+def test_every_capacity_shown_is_named():
+    """The table showed the device's capacity, the OOM box and memory.png the allocator's, with no word about the
+    memory outside the allocator between them."""
+    import io
+
+    from rich.console import Console
+
+    from simulator.report.summary import render_summary
+
+    doc = {"model": {"preset": "llama-7b", "num_layers": 2}, "training": {"micro_batch_size": 1},
+           "cluster": {"topology": "rtx-4090"}, "allocator": {"memory_fraction": 0.05},
+           "run": {"warmup_iterations": 0}}
+    report = simulate(scenario_from_dict(doc, "x.toml"), timelines=False).report
+    buffer = io.StringIO()
+    render_summary(report, Console(file=buffer, width=400))
+    text = buffer.getvalue()
+    assert "512.00 MiB of it is outside the allocator (CUDA context, NCCL, cuBLAS: allocator.context_bytes)" in text
+    assert "left to the allocator (the device's memory less allocator.context_bytes)" in text
