@@ -183,3 +183,26 @@ def test_every_capacity_shown_is_named():
     text = buffer.getvalue()
     assert "512.00 MiB of it is outside the allocator (CUDA context, NCCL, cuBLAS: allocator.context_bytes)" in text
     assert "left to the allocator (the device's memory less allocator.context_bytes)" in text
+
+
+def test_every_value_the_reference_lists_is_accepted():
+    """docs/scenario-reference.md (generated from the key tables) lists only values the loader takes."""
+    import re
+
+    from simulator.scenario.parsers import Invalid
+    from simulator.scenario.schema import SECTION_KEYS
+
+    checked = 0
+    for specs in SECTION_KEYS.values():
+        for spec in specs:
+            for token in (t.strip().strip('"') for t in spec.type_doc.split("|")):
+                if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", token) or token in ("int", "float", "str", "bool",
+                                                                                   "path", "size", "table"):
+                    continue
+                value = int(token) if token.isdigit() else token
+                try:
+                    spec.parse(value)
+                except Invalid as error:
+                    raise AssertionError(f"{spec.key} = {value!r} is listed but refused: {error}") from None
+                checked += 1
+    assert checked > 50
