@@ -55,8 +55,8 @@ def check_work(source: str, microbatches: int, gpus: int) -> None:
     """Raise ScenarioError when one iteration's micro-batches per rank or the plan's GPUs pass their bound."""
     if microbatches > MAX_MICROBATCHES:
         raise ScenarioError(f"{source}: training.global_batch_size / (training.micro_batch_size * parallel.dp) = "
-                            f"{short_repr(microbatches)} micro-batches per iteration: at most {MAX_MICROBATCHES} (each is "
-                            f"simulated; simulator/scenario/limits.py)")
+                            f"{short_repr(microbatches)} micro-batches per iteration: at most {MAX_MICROBATCHES} "
+                            f"(each is simulated; simulator/scenario/limits.py)")
     if gpus > MAX_GPUS:
         raise ScenarioError(f"{source}: parallel.dp x tp x pp = {short_repr(gpus)} GPUs: at most {MAX_GPUS} "
                             f"(simulator/scenario/limits.py)")
