@@ -129,7 +129,7 @@ def _links(name: str, table: object) -> tuple[LinkFit, ...]:
         if not isinstance(groups, dict):
             raise DataError(f"{name}: links.{collective} must be a table of world sizes")
         for world, fit in sorted(groups.items(), key=lambda item: item[0]):
-            if not (world.isascii() and world.isdigit() and 0 < int(world) <= 1 << 20) or not isinstance(fit, dict) \
+            if not (world.isascii() and world.isdigit() and len(world) <= 7 and 0 < int(world) <= 1 << 20) or not isinstance(fit, dict) \
                     or "latency_s" not in fit or "bytes_per_s" not in fit:
                 raise DataError(f"{name}: links.{collective}.{world} must be a world size (1 to 1048576) with "
                                 f"numbers latency_s and bytes_per_s")
@@ -143,7 +143,10 @@ def _links(name: str, table: object) -> tuple[LinkFit, ...]:
 
 
 def _short(value: object) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:          # an int too long for str()
+        text = f"<{type(value).__name__} too large to print>"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
