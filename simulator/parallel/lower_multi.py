@@ -646,7 +646,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
         forward = name in forward_names and True not in streams.first_gemm
         streams.first_gemm[forward] = streams.first_gemm.get(forward, ()) + tuple(ids)
     lowered = (schedule_steps if schedule_steps is not None else schedule_program(schedule))[stage]
-    streams.consumer_position = {action.key: i for actions in schedule.ranks for i, action in enumerate(actions)}
+    streams.consumer_position = _positions(schedule)
     total = warmup_iterations + iterations
     for it in range(total):
         if it == warmup_iterations:
@@ -792,6 +792,16 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
     streams.stream(RECV_STREAM).extend([wait_for(post), Recv(name, peer, float(size), tag, allocs, it),
                                         signal(done)])
     compute.append(wait_for(done))
+
+
+_LAST_POSITIONS: list = [None, None]     # (schedule, its positions): the ranks of one run share them
+
+
+def _positions(schedule: Schedule) -> dict[tuple, int]:
+    """Action key -> its position on its rank's list (computed once for the ranks of one lowering)."""
+    if _LAST_POSITIONS[0] is not schedule:
+        _LAST_POSITIONS[:] = [schedule, {a.key: i for actions in schedule.ranks for i, a in enumerate(actions)}]
+    return _LAST_POSITIONS[1]
 
 
 def _chunk_of(streams: _Streams, schedule: Schedule, stage: int) -> int:
