@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from simulator import lifetime
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, simulate_programs
+from simulator.engine.memory_worker import MAX_CHOSEN_WORKERS
 from simulator.errors import MemsimError, PlanError
 from simulator.hardware.attention_backend import with_attention_backend
 from simulator.hardware.catalog import DeviceSpec
@@ -18,6 +19,7 @@ from simulator.parallel.lower import lower_single_rank
 from simulator.report.error_bars import iteration_interval
 from simulator.report.metrics import blend_skipped_steps, build_report, measured_window
 from simulator.scenario import Scenario
+from simulator.scenario_shape import model_shape  # noqa: F401  (explore and callers import it from here)
 from simulator.topology import Cluster, resolve_cluster
 from simulator.trace.records import Trace
 from simulator.workload.compression import Compression, check_compression
@@ -26,7 +28,6 @@ from simulator.workload.primitives import KernelProfile
 from simulator.workload.peft import LoraConfig, check_peft, resolve_targets
 from simulator.workload.sparsity import check_sparsity
 from simulator.workload.training import IterationWorkload, Recipe, build_iteration
-from simulator.workload.transformer import Shape
 
 if TYPE_CHECKING:
     from simulator.parallel.plan import ParallelPlan
@@ -40,37 +41,6 @@ class Result:
     trace: Trace
     scenario: Scenario
     plan: ParallelPlan | None = None     # the parallel plan of a multi-rank simulation
-
-
-def model_shape(scenario: Scenario, padded: bool = True) -> Shape:
-    """Reduce a scenario's ModelConfig to the numbers the builders need.
-
-    With `padded`, the vocabulary is padded to a multiple of training.vocab_divisible_by x parallel.tp, as
-    Megatron pads it (`_vocab_size_with_padding`): the embedding, the LM head and the logits hold the
-    padded rows. Without, the shape is the model as published (its parameter count).
-    """
-    m = scenario.model
-    multiple = scenario.training.vocab_divisible_by * scenario.parallel.tp if padded else 1
-    return Shape(
-        architecture=m.architecture, num_layers=m.num_layers, hidden=m.hidden_size,
-        heads=m.num_attention_heads, kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size,
-        vocab=-(-m.vocab_size // multiple) * multiple, seq=m.seq_length, positions=m.max_position_embeddings,
-        activation=m.activation, norm=m.norm, bias=m.bias, attention=m.attention,
-        dropout=m.dropout, tied=m.tied_embeddings, post_norm=m.post_norm,
-        patch=m.patch_size or 16, channels=m.num_channels or 3, classes=m.num_classes or 1000,
-        type_vocab=m.type_vocab_size or 2, shared_layers=m.share_layers, linformer_k=m.linformer_k or 0,
-        mlp_sparsity=scenario.training.sparsity, resnet_blocks=m.resnet_blocks or (),
-        resnet_bottleneck=m.resnet_block != "basic", image=m.image_size or 224, dlrm=_dlrm_shape(m))
-
-
-def _dlrm_shape(m):
-    """A DLRM's DLRMShape (None for other architectures)."""
-    if m.architecture != "dlrm":
-        return None
-    from simulator.workload.dlrm import DLRMShape
-
-    return DLRMShape(m.embedding_rows, m.embedding_dim, m.lookups_per_table, m.dense_features, m.bottom_mlp,
-                     m.top_mlp, m.embedding_placement)
 
 
 def kernel_profile(device: DeviceSpec) -> KernelProfile:
@@ -345,6 +315,10 @@ def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOption
     """The engine's options for `simulate(..., timelines, memory_workers)`."""
     options = EngineOptions()
     if memory_workers is not None:
+        if isinstance(memory_workers, bool) or not isinstance(memory_workers, int) \
+                or not 0 <= memory_workers <= MAX_CHOSEN_WORKERS:
+            raise MemsimError(f"memory_workers = {memory_workers!r}: must be an integer in 0..{MAX_CHOSEN_WORKERS} "
+                              f"(0: in this process)")
         options = dataclasses.replace(options, memory_workers=memory_workers)
     return options if timelines else dataclasses.replace(options, record_timeline=False)
 
@@ -407,9 +381,10 @@ def _multi_setup(scenario: Scenario) -> tuple:
                         f"host memory or PCIe links; offload needs a topology (one GPU: 'workstation-rtx4090')")
     topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
     plan = make_plan(scenario, topology)
-    resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)     # its refusals
+    overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)   # refusals
     recipe = multi_recipe(scenario, device, cluster.topology)
-    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages,
+                             blocking_sends=not overlap.overlap_p2p_comm)
     return cluster, topology, plan, recipe, schedule
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -61,30 +62,32 @@ def _rank_coords(result) -> dict:
 
 
 def write_outputs(result, out_dir: Path) -> list[Path]:
-    """Write report.json, trace.json, memory_snapshot.pickle and memory.png atomically into out_dir.
+    """Write report.json, trace.json, memory_snapshot.pickle and memory.png into out_dir as one set: the folder
+    holds either the old four files or the new four, whatever interrupts the run or writes there beside it.
 
     With a parallel plan, the Chrome trace names each rank's process "rank r · stage s · dp d · tp t"
     and memory.png titles its panels "stage s (rank r, dp d, tp t)", stages side by side.
     """
-    from simulator.io import atomic_write_text
+    from simulator.io import OutputSet, atomic_write_text
     from simulator.report.plots import plot_memory
     from simulator.trace.chrome import write_chrome_trace
     from simulator.trace.snapshot import build_snapshot, write_snapshot
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "report.json", out_dir / "trace.json", out_dir / "memory_snapshot.pickle",
-             out_dir / "memory.png"]
-    atomic_write_text(paths[0], report_json(result.report))
-    coords = _rank_coords(result) or None
-    world_size = result.report.get("parallel", {}).get("world_size")
-    write_chrome_trace(paths[1], result.trace, result.report["scenario"], coords_of_rank=coords,
-                       world_size=world_size)
-    ranks = result.trace.ranks
-    snapshot = build_snapshot([r.allocator_events for r in ranks], [r.final_segments for r in ranks])
-    write_snapshot(paths[2], snapshot)
-    plot_memory(result.trace, paths[3], title=f"{result.report['scenario']} on {result.report['device']}",
-                coords_of_rank=coords)
-    return paths
+    names = ["report.json", "trace.json", "memory_snapshot.pickle", "memory.png"]
+    # The four files are one set: written into a staging folder, swapped in whole (simulator/io.py OutputSet).
+    with OutputSet(out_dir) as output:
+        paths = [output.path(name) for name in names]
+        atomic_write_text(paths[0], report_json(result.report))
+        coords = _rank_coords(result) or None
+        world_size = result.report.get("parallel", {}).get("world_size")
+        write_chrome_trace(paths[1], result.trace, result.report["scenario"], coords_of_rank=coords,
+                           world_size=world_size)
+        ranks = result.trace.ranks
+        snapshot = build_snapshot([r.allocator_events for r in ranks], [r.final_segments for r in ranks])
+        write_snapshot(paths[2], snapshot)
+        plot_memory(result.trace, paths[3], title=f"{result.report['scenario']} on {result.report['device']}",
+                    coords_of_rank=coords)
+    return [out_dir / name for name in names]
 
 
 @app.command()
@@ -95,7 +98,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON report.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Simulate every rank (sets run.full = true).")] = False,
     memory_workers: Annotated[Optional[int], typer.Option(
-        "--memory-workers", min=0,
+        "--memory-workers", min=0, max=1024,
         help="Processes making the memory calls while the engine runs (0: none; default: by the run's size "
              "and the cores available). Results are the same.")] = None,
     fit_advice: Annotated[int, typer.Option(
@@ -193,6 +196,45 @@ def presets() -> None:
         typer.echo(name)
 
 
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _click_exceptions():
+    """The exceptions module of the click that typer runs on (typer >= 0.22 vendors its own as typer._click)."""
+    from typer import core
+
+    vendored = getattr(core, "_click", None)
+    if vendored is not None:
+        return vendored.exceptions
+    import click
+
+    return click.exceptions
+
+
+def _run_app(args: list[str] | None = None) -> int:
+    """Run the app with click's errors as memsim's: a usage error (unknown option or command, a bad or missing
+    value) is one line on stderr and exit status 2, not click's boxed message; the exit status otherwise."""
+    click = _click_exceptions()
+    try:
+        value = app(args=args, standalone_mode=False)
+    except click.NoArgsIsHelpError as error:   # `memsim`, `memsim topo`: the help, as before
+        sys.stdout.write(error.ctx.get_help() + "\n")
+        return 2
+    except click.UsageError as error:
+        command = error.ctx.command_path if error.ctx is not None else "memsim"
+        message = " ".join(error.format_message().split())
+        sys.stderr.write(f"memsim: error: {message} (see {command} --help)\n")
+        return 2
+    except click.ClickException as error:     # a file option that cannot be opened, ...
+        sys.stderr.write(f"memsim: error: {' '.join(error.format_message().split())}\n")
+        return error.exit_code or 2
+    except typer.Abort:
+        sys.stderr.write("memsim: aborted\n")
+        return 1
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def main() -> None:
     """Console-script entry point."""
     code: int | str | None = 0
@@ -201,8 +243,11 @@ def main() -> None:
     # each collection pass (the first ones right after simulate_multi re-enables it) walks them for nothing.
     gc.disable()
     keep_until_exit()            # and no releasing them one by one either: see simulator/lifetime.py
+    # SIGTERM (kill, a batch system's time limit) cleans up as Ctrl-C does: temporary files and staging
+    # folders are removed, outputs already in place stay whole (simulator/io.py).
+    signal.signal(signal.SIGTERM, _terminated)
     try:
-        app(standalone_mode=True)
+        code = _run_app()
     except SystemExit as done:
         code = done.code
     except MemsimError as error:  # defensive: any command that lets one escape

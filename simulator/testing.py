@@ -26,13 +26,14 @@ from simulator.errors import DeadlockError, ScheduleError
 from simulator.parallel.schedule_check import (
     CommStep, UniformTiming, execute_uniform, program, validate,
 )
-from simulator.parallel.schedules import SCHEDULE_NAMES, Action, Schedule, by_name, check_complete
+from simulator.parallel.schedules import SCHEDULE_NAMES, Action, Schedule, by_name, check_complete, parse_actions
 from simulator.trace.records import MemorySample, RankTrace, Trace
 from simulator.workload.graph import CATEGORIES
 
 __all__ = [
     "check_bubble", "check_every_action_once", "check_in_flight_at_most", "check_memory_never_negative",
-    "check_no_deadlock", "check_sends_matched", "multi_gpu_scenarios", "plans", "scenarios", "schedules",
+    "check_no_deadlock", "check_sends_matched", "multi_gpu_scenarios", "plans", "random_schedules", "scenarios",
+    "schedules",
 ]
 
 
@@ -70,6 +71,41 @@ def schedules(draw, names: Sequence[str] = SCHEDULE_NAMES, min_ranks: int = 1, m
     multiples = [p * k for k in range(1, max_microbatches // p + 1) if p * k >= min_microbatches]
     m = draw(st.sampled_from(multiples))
     return by_name(name, p, m, draw(st.integers(1, max_virtual_stages)))
+
+
+@st.composite
+def random_schedules(draw, min_ranks: int = 1, max_ranks: int = 4, min_microbatches: int = 1,
+                     max_microbatches: int = 4, split_backward: bool = True) -> Schedule:
+    """Any valid one-stage-per-rank schedule, not only the built-in ones: every rank's list is the projection of
+    a random order in which the actions could run (an action is drawn once its inputs and, on its own rank, its
+    F (or I) are done), so validate() accepts it. With `split_backward`, some backwards are I and W."""
+    _require(1 <= min_ranks <= max_ranks, f"ranks: need 1 <= min_ranks = {min_ranks} <= max_ranks = {max_ranks}")
+    _require(1 <= min_microbatches <= max_microbatches,
+             f"microbatches: need 1 <= min_microbatches = {min_microbatches} <= max_microbatches = {max_microbatches}")
+    p = draw(st.integers(min_ranks, max_ranks))
+    m = draw(st.integers(min_microbatches, max_microbatches))
+    split = {mb: split_backward and draw(st.booleans()) for mb in range(m)}
+    todo = {(stage, kind, mb) for stage in range(p) for mb in range(m)
+            for kind in (("F", "I", "W") if split[mb] else ("F", "B"))}
+    done: set[tuple[int, str, int]] = set()
+
+    def ready(key: tuple[int, str, int]) -> bool:
+        stage, kind, mb = key
+        grad = "I" if split[mb] else "B"
+        if kind == "F":
+            return stage == 0 or (stage - 1, "F", mb) in done
+        if kind == "W":
+            return (stage, "I", mb) in done
+        return (stage, "F", mb) in done and (stage == p - 1 or (stage + 1, grad, mb) in done)
+
+    ranks: list[list[str]] = [[] for _ in range(p)]
+    while todo:
+        options = sorted(key for key in todo if ready(key))
+        key = options[draw(st.integers(0, len(options) - 1))]
+        todo.remove(key)
+        done.add(key)
+        ranks[key[0]].append(f"{key[0]}{key[1]}{key[2]}")
+    return parse_actions("\n".join(" ".join(actions) for actions in ranks), name="random")
 
 
 def _divisors(n: int) -> list[int]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.errors import DataError, TopologyError
+from simulator.hardware.bounds import check_upper
 from simulator.hardware.catalog import DeviceSpec, get_device, with_overrides
 from simulator.scenario import Scenario
 
@@ -64,11 +65,14 @@ class Cluster:
         return self.device.memory_bytes
 
 
-def _number(path: str, key: str, value: object, integer: bool = False) -> float | int:
+def _number(path: str, key: str, value: object, integer: bool = False, table: str = "fields") -> float | int:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or not math.isfinite(value) or value < 0:
         kind = "a non-negative integer" if integer else "a finite non-negative number"
-        raise DataError(f"{path}: fields.{key} = {value!r} must be {kind}")
+        raise DataError(f"{path}: {table}.{key} = {value!r} must be {kind}")
+    beyond = check_upper(key.split(".")[0] if table == "fields" else key.rsplit(".", 1)[-1], value)
+    if beyond:
+        raise DataError(f"{path}: {table}.{key} = {value!r} {beyond}")
     return value
 
 
@@ -112,28 +116,54 @@ def read_calibration(path: str | Path) -> Calibration:
             fields[key] = int(_number(name, key, value, integer=True))
         else:
             fields[key] = float(_number(name, key, value))
+    return Calibration(name, device, str(data.get("torch_version", "")), fields, _links(name, data.get("links", {})),
+                       *_intervals(data), str(data.get("data_dir", "")))
+
+
+def _links(name: str, table: object) -> tuple[LinkFit, ...]:
+    """The [links.COLLECTIVE.WORLD] fits of a calibration file, checked."""
+    if not isinstance(table, dict):
+        raise DataError(f"{name}: links = {_short(table)} must be a table of collectives ([links.all_reduce.4])")
     links = []
-    for collective, groups in sorted(data.get("links", {}).items()):
+    for collective, groups in sorted(table.items()):
         if not isinstance(groups, dict):
             raise DataError(f"{name}: links.{collective} must be a table of world sizes")
         for world, fit in sorted(groups.items(), key=lambda item: item[0]):
-            try:
-                links.append(LinkFit(collective, int(world), float(fit["latency_s"]), float(fit["bytes_per_s"])))
-            except (KeyError, TypeError, ValueError):
-                raise DataError(f"{name}: links.{collective}.{world} must have numbers latency_s and "
-                                f"bytes_per_s") from None
+            if not (world.isascii() and world.isdigit() and len(world) <= 7 and 0 < int(world) <= 1 << 20) or not isinstance(fit, dict) \
+                    or "latency_s" not in fit or "bytes_per_s" not in fit:
+                raise DataError(f"{name}: links.{collective}.{world} must be a world size (1 to 1048576) with "
+                                f"numbers latency_s and bytes_per_s")
+            where = f"{collective}.{world}"
+            latency = _number(name, f"{where}.latency_s", fit["latency_s"], table="links")
+            rate = _number(name, f"{where}.bytes_per_s", fit["bytes_per_s"], table="links")
+            if rate <= 0:
+                raise DataError(f"{name}: links.{where}.bytes_per_s = {rate!r} must be positive")
+            links.append(LinkFit(collective, int(world), float(latency), float(rate)))
+    return tuple(links)
+
+
+def _short(value: object) -> str:
+    try:
+        text = repr(value)
+    except ValueError:          # an int too long for str()
+        text = f"<{type(value).__name__} too large to print>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _intervals(data: dict) -> tuple[dict, dict, int]:
+    """[fitted] rates with a numeric [ci95] interval, their intervals, and the bootstrap count."""
     fitted, ci95 = {}, {}
-    for key, value in (data.get("fitted") or {}).items():
-        interval = (data.get("ci95") or {}).get(key)
+    intervals = data.get("ci95") if isinstance(data.get("ci95"), dict) else {}
+    table = data.get("fitted") if isinstance(data.get("fitted"), dict) else {}
+    for key, value in table.items():
+        interval = intervals.get(key)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
                 isinstance(interval, list) and len(interval) == 2
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in interval)):
             continue            # only the rates with a numeric interval feed the iteration-time interval
         fitted[key], ci95[key] = float(value), (float(interval[0]), float(interval[1]))
     bootstrap = data.get("bootstrap", 0)
-    return Calibration(name, device, str(data.get("torch_version", "")), fields, tuple(links), fitted, ci95,
-                       bootstrap if isinstance(bootstrap, int) and not isinstance(bootstrap, bool) else 0,
-                       str(data.get("data_dir", "")))
+    return fitted, ci95, bootstrap if isinstance(bootstrap, int) and not isinstance(bootstrap, bool) else 0
 
 
 def apply_calibration(device: DeviceSpec, calibration: Calibration) -> DeviceSpec:
@@ -177,7 +207,10 @@ def resolve_cluster(scenario: Scenario) -> Cluster:
         device = topology.gpu_device
     calibration = None
     if scenario.cluster.calibration is not None:
-        calibration = read_calibration(scenario.cluster.calibration)
+        try:
+            calibration = read_calibration(scenario.cluster.calibration)
+        except DataError as error:
+            raise DataError(f"{scenario.source}: cluster.calibration: {error}") from None
         try:
             device = apply_calibration(device, calibration)
         except TopologyError as error:

@@ -1,4 +1,4 @@
-"""Fuzzing the scenario loader: random documents, overrides and TOML text raise MemsimError or load."""
+"""Fuzzing the loader and the engine: random documents, overrides, TOML text and mutated repository scenarios."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from simulator.api import check_scenario, simulate
 from simulator.errors import MemsimError
+from simulator.fuzz import ROOT as FUZZ_ROOT, mutant, repository_scenarios
 from simulator.scenario import Scenario, load_scenario, scenario_from_dict
 from simulator.scenario.presets import list_presets
 from simulator.scenario.schema import SECTION_KEYS, SECTIONS, key_names
@@ -127,3 +129,26 @@ def test_random_toml_text_loads_or_raises_memsim_error(text):
             _check(scenario)
     finally:
         os.unlink(path)
+
+
+# ---- mutations of the repository's scenarios, loaded and (when small) simulated -----------------------------
+
+_REPOSITORY = repository_scenarios()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.randoms(use_true_random=False))
+def test_mutated_repository_scenarios_raise_only_memsim_errors(rng):
+    """simulator.fuzz mutants of scenarios/**/*.toml: loading and simulating them ends in a result or a
+    one-line MemsimError (benchmarks/fuzz_scenarios.py runs 10,000; docs/robustness.md has the counts)."""
+    item = mutant(rng, _REPOSITORY)
+    source = str(FUZZ_ROOT / item.source)
+    try:
+        scenario = scenario_from_dict(item.doc, source)
+        p, t = scenario.parallel, scenario.training
+        if p.dp * p.tp * p.pp > 64 or t.gradient_accumulation_steps > 4 or scenario.model.num_layers > 8:
+            check_scenario(scenario)          # every refusal of simulate, without the run
+        else:
+            simulate(scenario, timelines=False, memory_workers=0)
+    except MemsimError as exc:
+        assert str(exc) and "\n" not in str(exc), (item.changes, str(exc))

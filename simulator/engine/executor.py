@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
@@ -15,6 +14,7 @@ from simulator.engine.allocator import Allocator
 from simulator.engine.logs import PHASE_CODES, IntervalLog
 from simulator.engine.memory_log import (ALLOC, BOUNDARY, COLL_ALLOC, COLL_FREE, FREE, MEASURE, RECV_ALLOC,
                                          RUN_FREE, TRANSFER_ALLOC, TRANSFER_FREE, apply, where)
+from simulator.engine.options import EngineOptions  # noqa: F401  (callers import it from here too)
 from simulator.engine.results import BlockedInstruction, EngineDeadlock, EngineTrace, collect
 from simulator.engine.rank_state import COMPUTE_STREAM, RankState
 from simulator.engine.stretches import Stretches
@@ -27,23 +27,6 @@ if TYPE_CHECKING:
     from simulator.network.topology import Topology
     from simulator.parallel.plan import ParallelPlan
 
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """Knobs of one simulation run."""
-
-    record_timeline: bool = True
-    record_spans: bool = True
-    shadow_traffic: bool = True     # with a plan: unsimulated ranks' traffic loads the links (symmetry)
-    isolated_collectives: bool = True   # time link-isolated collectives alone, without flows (exact to rounding)
-    run_ahead: bool = True          # run compute ops nothing can interleave with without yielding (exact)
-    rank_lookahead: bool = True     # ... also past other ranks' events while this rank's other streams are quiet
-    inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
-    repeats: bool = True            # replay repeated periods of memory calls instead of the allocator (exact)
-    stretches: bool = True          # replay repeated stretches of runs and inlined collectives (exact)
-    memory_workers: int | None = None   # processes making the memory calls while the engine runs (0: none, in
-                                        # this process; None: for large runs, by cores: engine/memory_worker.py)
 
 
 class _Environment(simpy.Environment):

@@ -7,6 +7,7 @@ from operator import gt
 
 from simulator.engine.allocator import Allocator, OutOfMemory
 from simulator.engine.repeats import ALLOC, BOUNDARY, FREE, RecordedCall, Recording, Skipping, absolute, relative
+from simulator.errors import PlanError
 from simulator.parallel.program import Collective, Period
 from simulator.trace.records import OomInfo
 from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
@@ -42,6 +43,12 @@ class StretchCalls:
     category_max: tuple          # the largest bytes per category over the calls
     allocated_peak: int          # the index (from `first`) of the first call with the largest allocated bytes
     reserved_max: int
+
+
+def beyond_any_device(name: str, nbytes: int, op: str) -> PlanError:
+    """The error for a rank that needs more than UNBOUNDED_BYTES even with the device's limit lifted."""
+    return PlanError(f"op {op!r}: tensor {name!r} of {nbytes} bytes takes one rank past {UNBOUNDED_BYTES} bytes "
+                     f"(16 TiB, the most memsim tracks on one device): no device holds this job")
 
 
 class RankMemory:
@@ -163,7 +170,10 @@ class RankMemory:
                 if self.first_oom is None:
                     self.first_oom = self.oom_info(error, time_s, op, tid)
                 allocator.capacity_bytes = UNBOUNDED_BYTES
-                handle = malloc(tensor.nbytes, stream_id, time_s, op, tensor.name, tensor.category)
+                try:
+                    handle = malloc(tensor.nbytes, stream_id, time_s, op, tensor.name, tensor.category)
+                except OutOfMemory:
+                    raise beyond_any_device(tensor.name, tensor.nbytes, op) from None
             handles[tid] = handle
             size = bytes_of[tid] = allocator.last_block_bytes     # block_bytes(handle)
             index = _CATEGORY_INDEX[tensor.category]

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 CHUNK_CALLS = 8192                 # a rank's log is sent when it holds this many calls (at a period boundary)
 MAX_WORKERS = 8
+# The most a caller may ask for: past the hardware threads of the largest servers (768: two 192-core EPYC 9965,
+# AMD, 2024), a worker is a process with nothing to run on.
+MAX_CHOSEN_WORKERS = 1024
 WORKER_NICENESS = 10
 # Smaller runs make their calls in-process. Measured on 2 cores (`memsim run --json`, wall): at 89 k
 # instructions (LLaMA-7B PP4 on 4 × 4090) and 190 k (LLaMA-70B on 64 H100) workers gained nothing; at 247 k

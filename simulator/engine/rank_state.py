@@ -18,7 +18,7 @@ from simulator.parallel.program import Collective, Period, Program, Recv, Send, 
 from simulator.trace.records import RankTrace
 
 if TYPE_CHECKING:
-    from simulator.engine.executor import EngineOptions
+    from simulator.engine.options import EngineOptions
 
 _event_of = attrgetter("event")
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication

@@ -122,8 +122,10 @@ class InlineExecutor:
 
 
 def _ignore_interrupts() -> None:
-    """Pool workers leave Ctrl-C to the parent, which stops them once it has saved what finished."""
+    """Pool workers leave Ctrl-C to the parent, which stops them once it has saved what finished; SIGTERM (what
+    the parent stops them with) ends them at once, not as the memsim command's handler does (cli.main)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class ProcessExecutor:

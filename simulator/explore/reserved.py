@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from simulator.engine.allocator import OutOfMemory, make_allocator
+from simulator.errors import PlanError
 from simulator.parallel.schedules import SCHEDULE_NAMES, Schedule, by_name
 from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, GRADIENTS, Op
 
@@ -182,7 +183,11 @@ class _Rank:
         except OutOfMemory:
             self.oom = True
             self.allocator.capacity_bytes = UNBOUNDED
-            handle = self.allocator.malloc(nbytes, stream, 0.0)
+            try:
+                handle = self.allocator.malloc(nbytes, stream, 0.0)
+            except OutOfMemory:
+                raise PlanError(f"a tensor of {nbytes} bytes takes one rank past {UNBOUNDED} bytes: "
+                                f"no device holds this job") from None
         self.live[key] = (handle, category)
 
     def free(self, key) -> None:

@@ -416,6 +416,8 @@ def read_server(path: Path) -> ServerSpec:
             data = tomllib.load(handle)
     except FileNotFoundError:
         raise TopologyError(f"{path}: no such topology file") from None
-    except tomllib.TOMLDecodeError as error:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise TopologyError(f"{path}: not valid TOML: {error}") from None
+    except OSError as error:
+        raise TopologyError(f"{path}: cannot read the topology file: {error.strerror or error}") from None
     return parse_server(data, str(path))

@@ -128,6 +128,10 @@ class _Streams:
     offload_last: dict[str, str] = field(default_factory=dict)   # offload stream -> its last transfer's done event
     offload_done: dict[str, str] = field(default_factory=dict)   # offload transfer name -> its last post's done event
     host_caps: dict[str, float] = field(default_factory=dict)    # host kernel -> bytes/s (offload HostState.caps)
+    # Sends wait on their stream in the order the receiver consumes them (its recvs are posted in its action order,
+    # and a Send is matched by its Recv): action key -> its position on its rank; the iteration's sends by stream.
+    consumer_position: dict[tuple, int] = field(default_factory=dict)
+    sends: dict[str, list[tuple[int, int, list]]] = field(default_factory=dict)
 
     def event(self, label: str) -> str:
         self.count += 1
@@ -225,6 +229,15 @@ class _Streams:
             self.deferred.clear()
         self.compute += [wait_for(event) for event in self.pending]
         self.pending.clear()
+
+    def post_sends(self) -> None:
+        """The iteration's sends onto their streams, each stream in its receiver's order (stable: a schedule whose
+        stages take messages in the order they are sent keeps it)."""
+        for name, sends in self.sends.items():
+            stream = self.stream(name)
+            for _, _, instructions in sorted(sends, key=lambda send: send[:2]):
+                stream.extend(instructions)
+        self.sends.clear()
 
     def sends_done(self) -> None:
         """The compute stream waits for the blocking sends posted since the last action (overlap_p2p_comm off)."""
@@ -633,6 +646,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
         forward = name in forward_names and True not in streams.first_gemm
         streams.first_gemm[forward] = streams.first_gemm.get(forward, ()) + tuple(ids)
     lowered = (schedule_steps if schedule_steps is not None else schedule_program(schedule))[stage]
+    streams.consumer_position = _positions(schedule)
     total = warmup_iterations + iterations
     for it in range(total):
         if it == warmup_iterations:
@@ -648,6 +662,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
             if streams.gathering and step.kind == "F":
                 streams.compute += [wait_for(event) for event in streams.gathering]
                 streams.gathering.clear()
+        streams.post_sends()
         streams.sends_done()
         streams.flush()
         _tied_embedding_all_reduce(streams, mine, plan, it)
@@ -753,8 +768,10 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
             size, sent = mb.input_grad_bytes, mb.input_grad
         ready = streams.event(f"send.{tag}")
         compute.append(signal(ready))
-        stream = streams.stream(f"{SEND_STREAM}.{kind}")
-        stream.extend([wait_for(ready), Send(name, peer, float(size), tag, it)])
+        stream: list[Instruction] = [wait_for(ready), Send(name, peer, float(size), tag, it)]
+        streams.stream(f"{SEND_STREAM}.{kind}")            # created in program order, filled by post_sends
+        sends = streams.sends.setdefault(f"{SEND_STREAM}.{kind}", [])
+        sends.append((streams.consumer_position[transfer.consumer.key], len(sends), stream))
         if sent is not None:
             # The runtime holds the tensor until its send has completed (the request keeps it alive).
             stream.append(Free((sent,), f"{kind} sent"))
@@ -775,6 +792,16 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
     streams.stream(RECV_STREAM).extend([wait_for(post), Recv(name, peer, float(size), tag, allocs, it),
                                         signal(done)])
     compute.append(wait_for(done))
+
+
+_LAST_POSITIONS: list = [None, None]     # (schedule, its positions): the ranks of one run share them
+
+
+def _positions(schedule: Schedule) -> dict[tuple, int]:
+    """Action key -> its position on its rank's list (computed once for the ranks of one lowering)."""
+    if _LAST_POSITIONS[0] is not schedule:
+        _LAST_POSITIONS[:] = [schedule, {a.key: i for actions in schedule.ranks for i, a in enumerate(actions)}]
+    return _LAST_POSITIONS[1]
 
 
 def _chunk_of(streams: _Streams, schedule: Schedule, stage: int) -> int:

@@ -193,25 +193,35 @@ def _check_local_order(schedule: Schedule, index: _Index) -> None:
                                     f"on the rank that owns the stage")
 
 
-def _run(schedule: Schedule, index: _Index, cost_s: dict[str, float], comm_s: float
+def _run(schedule: Schedule, index: _Index, cost_s: dict[str, float], comm_s: float, blocking_sends: bool = False
          ) -> tuple[list[list[tuple[float, float]]], tuple[Blocked, ...]]:
     """Execute every rank's list in order; an action starts when its rank is free and its inputs arrived.
 
     Sends are asynchronous (isend, as in torch.distributed.pipelining and Megatron's batched p2p), receives
-    block. Returns per-rank (start, end) times, and every blocked rank when the run cannot finish.
+    block. With `blocking_sends` a rank's next action also waits until the receiver of each message its last
+    action sent has posted the receive (reached the consuming action), as Megatron's and DeepSpeed's blocking
+    send/recv do. Returns per-rank (start, end) times, and every blocked rank when the run cannot finish.
     """
     p = schedule.num_ranks
     times: list[list[tuple[float, float]]] = [[] for _ in range(p)]
     end: dict[tuple[int, str, int], float] = {}
     free = [0.0] * p
     waiting: dict[tuple[int, str, int], list[int]] = {}
+    waiting_posts: list[list[int]] = [[] for _ in range(p)]   # rank -> ranks waiting for it to reach an action
+    consumers = _consumers(schedule, index) if blocking_sends else {}
     ready = deque(range(p))
     rank_of = schedule.stage_ranks
     while ready:
         rank = ready.popleft()
         actions = schedule.ranks[rank]
         while len(times[rank]) < len(actions):
-            action = actions[len(times[rank])]
+            position = len(times[rank])
+            action = actions[position]
+            unposted = next(((dst, at) for dst, at in consumers.get(actions[position - 1].key, ())
+                             if len(times[dst]) < at), None) if position and consumers else None
+            if unposted is not None:
+                waiting_posts[unposted[0]].append(rank)
+                break
             start = free[rank]
             missing = None
             for dep in _dependency_keys(schedule, index, action):
@@ -229,30 +239,50 @@ def _run(schedule: Schedule, index: _Index, cost_s: dict[str, float], comm_s: fl
             end[key] = finish
             free[rank] = finish
             ready.extend(waiting.pop(key, ()))
+            if waiting_posts[rank]:
+                ready.extend(waiting_posts[rank])
+                waiting_posts[rank] = []
     blocked = []
     for rank, actions in enumerate(schedule.ranks):
         done = len(times[rank])
         if done < len(actions):
             action = actions[done]
-            dep = next(d for d in _dependencies(schedule, index, action) if d.key not in end)
+            missing = [d for d in _dependencies(schedule, index, action) if d.key not in end]
+            if not missing:         # waiting for the receiver of a blocking send to post its receive
+                dst, at = next((dst, at) for dst, at in consumers[actions[done - 1].key] if len(times[dst]) < at)
+                consumer = schedule.ranks[dst][at]
+                blocked.append(Blocked(rank, done, action, consumer, dst))
+                continue
+            dep = missing[0]
             dep = Action(dep.stage, dep.kind, dep.microbatch, schedule.chunk_of(dep.stage))
             blocked.append(Blocked(rank, done, action, dep, rank_of[dep.stage]))
     return times, tuple(blocked)
 
 
-def _deadlock(schedule: Schedule, blocked: tuple[Blocked, ...]) -> ScheduleDeadlock:
+def _consumers(schedule: Schedule, index: _Index) -> dict[tuple[int, str, int], list[tuple[int, int]]]:
+    """Action key -> (rank, position) of each action on another rank that consumes its output."""
+    result: dict[tuple[int, str, int], list[tuple[int, int]]] = {}
+    for transfer in transfers(schedule):
+        result.setdefault(transfer.producer.key, []).append(index.position[transfer.consumer.key])
+    return result
+
+
+def _deadlock(schedule: Schedule, blocked: tuple[Blocked, ...], blocking_sends: bool = False) -> ScheduleDeadlock:
     total = sum(len(actions) for actions in schedule.ranks)
     stuck = sum(len(schedule.ranks[b.rank]) - b.position for b in blocked)
-    return ScheduleDeadlock(f"schedule {schedule.name!r} deadlocks with {stuck} of {total} actions left: "
+    sends = " with blocking sends (parallel.overlap_p2p_comm = false)" if blocking_sends else ""
+    return ScheduleDeadlock(f"schedule {schedule.name!r} deadlocks{sends} with {stuck} of {total} actions left: "
                             + "; ".join(str(b) for b in blocked), blocked)
 
 
-def validate(schedule: Schedule) -> None:
+def validate(schedule: Schedule, blocking_sends: bool = False) -> None:
     """Reject a schedule that cannot run.
 
     Checks that every (stage, microbatch) has exactly one F and one B (or one I and one W), that F comes
     before its B or I and I before its W on the owning rank, and runs the ranks' lists with blocking
     receives: F of stage s+1 waits for F of stage s, B (or I) of stage s for B (or I) of stage s+1.
+    With `blocking_sends` (parallel.overlap_p2p_comm = false) a rank's next action also waits until every
+    message its last action sent is received (see _run): a receiver that takes them in another order deadlocks.
 
     Raises:
         ScheduleError: a missing, repeated or misordered action (one line: where, the action, the rule).
@@ -264,9 +294,9 @@ def validate(schedule: Schedule) -> None:
     check_complete(schedule)
     index = _index(schedule)
     _check_local_order(schedule, index)
-    _, blocked = _run(schedule, index, {kind: 1.0 for kind in ("F", "B", "I", "W")}, 0.0)
+    _, blocked = _run(schedule, index, {kind: 1.0 for kind in ("F", "B", "I", "W")}, 0.0, blocking_sends)
     if blocked:
-        raise _deadlock(schedule, blocked)
+        raise _deadlock(schedule, blocked, blocking_sends)
 
 
 def _cost(key: str, value: object, minimum_exclusive: bool = True) -> float:
@@ -328,13 +358,15 @@ def execute_uniform(schedule: Schedule, f: float, b: float, w: float | None = No
         peak_in_flight=tuple(peaks), peak_activations=tuple(peak / v for peak in peaks))
 
 
-def load_schedule(spec: str, p: int, m: int, v: int = 1, key: str = "parallel.schedule") -> Schedule:
+def load_schedule(spec: str, p: int, m: int, v: int = 1, key: str = "parallel.schedule",
+                  blocking_sends: bool = False) -> Schedule:
     """The schedule a scenario names, checked against its plan and validated.
 
     Args:
         spec: a built-in name (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2) or a path to an action file.
         p: pipeline ranks (parallel.pp); m: microbatches per iteration; v: parallel.virtual_stages.
         key: the scenario key named in messages.
+        blocking_sends: validate as the run sends (parallel.overlap_p2p_comm = false: blocking sends).
 
     Raises:
         ScheduleError, ScheduleDeadlock: one line `<key> = <spec>: <what is wrong>`.
@@ -350,7 +382,7 @@ def load_schedule(spec: str, p: int, m: int, v: int = 1, key: str = "parallel.sc
                                                   "parallel.virtual_stages")):
                 if found != wanted:
                     raise ScheduleError(f"the file has {found} {what}, {plan_key} = {wanted}")
-        validate(schedule)
+        validate(schedule, blocking_sends)
     except ScheduleDeadlock as error:
         raise ScheduleDeadlock(f"{key} = {path!r}: {error}", error.blocked) from None
     except ScheduleError as error:

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from simulator.errors import ScheduleError
+from simulator.scenario.limits import MAX_MICROBATCHES
 
 KINDS = ("F", "B", "I", "W")   # forward, full backward, backward for inputs only, backward for weights only
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
-_TOKEN = re.compile(r"(\d+)([A-Za-z_]+)(\d+)")
+_TOKEN = re.compile(r"([0-9]+)([A-Za-z_]+)([0-9]+)")     # ASCII digits only (\d takes any script's)
+MAX_STAGE_INDEX = 65535       # an action file names at most 65536 stages (ranks x virtual stages)
 _COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD")
 Locator = Callable[[int, "int | None"], str]    # (rank, position or None) -> "line 3" / "rank 2, position 5"
 
@@ -60,6 +62,12 @@ class Action:
                                 f"list compute actions only ({', '.join(KINDS)})")
         if kind not in KINDS:
             raise ScheduleError(f"action {text!r}: unknown kind {kind!r} (allowed: {', '.join(KINDS)})")
+        if len(stage.lstrip('0')) > 6 or int(stage) > MAX_STAGE_INDEX:
+            raise ScheduleError(f"action {text!r}: stage {stage[:12]}{'...' if len(stage) > 12 else ''} out of "
+                                f"range: at most {MAX_STAGE_INDEX}")
+        if len(microbatch.lstrip('0')) > 6 or int(microbatch) >= MAX_MICROBATCHES:
+            raise ScheduleError(f"action {text!r}: micro-batch {microbatch[:12]}{'...' if len(microbatch) > 12 else ''}"
+                                f" out of range: at most {MAX_MICROBATCHES - 1} (simulator/scenario/limits.py)")
         return cls(int(stage), kind, int(microbatch))
 
     @property

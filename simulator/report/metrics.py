@@ -243,7 +243,7 @@ def build_multi_report(scenario, cluster, plan, programs, workloads, recipe, tra
         "stages": [{"stage": span.stage, "chunk": span.chunk, "layers": [span.start, span.stop]}
                    for span in plan.stages],
     })
-    from simulator.api import model_shape
+    from simulator.scenario_shape import model_shape
     from simulator.workload.transformer import model_parameter_count
 
     head["model"] = dict(head["model"], parameters=model_parameter_count(model_shape(scenario, padded=False)))

@@ -191,7 +191,7 @@ def _draw_panel(ax, rank: RankTrace, trace: Trace, title: str, scale: float, uni
     subtitle = (f"peak {peak_bytes / y_bytes:.2f} {y_unit} allocated, "
                 f"{rank.peak_reserved / y_bytes:.2f} {y_unit} reserved")
     if rank.capacity_bytes > 0:
-        subtitle += f" of {rank.capacity_bytes / _GIB:.2f} GiB"
+        subtitle += f" of {rank.capacity_bytes / _GIB:.2f} GiB left to the allocator"
         if not capacity_on_scale:
             subtitle += " (capacity off scale)"
     ax.set_title(f"{title}\n{subtitle}", color="#d62728" if rank.oom is not None else "black",

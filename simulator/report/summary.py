@@ -126,20 +126,30 @@ def _rank_table(report: dict, console: Console) -> None:
     for r in shown:
         capacity = _number(r.get("capacity_bytes"))
         reserved = _number(r.get("peak_reserved_bytes"))
-        used = _percent(reserved, capacity)
+        if reserved is not None:
+            reserved_total = reserved + (_number(r.get("context_bytes")) or 0)   # what `fits` compares
+        used = _percent(reserved_total if reserved is not None else None, capacity)
         style = ""
-        if r.get("oom") or (capacity and reserved is not None and reserved > capacity):
+        if r.get("oom") or (capacity and reserved is not None and reserved_total > capacity):
             style = "red"
-        elif capacity and reserved is not None and reserved > 0.9 * capacity:
+        elif capacity and reserved is not None and reserved_total > 0.9 * capacity:
             style = "yellow"
         headroom = "—"
         if capacity is not None and reserved is not None:
-            headroom = format_bytes(capacity - reserved)
+            headroom = format_bytes(capacity - reserved_total)
         table.add_row(str(r.get("rank", "?")), str(r.get("stage", "")), str(r.get("device", "")),
                       _bytes(r.get("peak_allocated_bytes")), _bytes(reserved), _bytes(capacity),
                       Text(used, style=style), Text(headroom, style=style),
                       str(r.get("peak_op", "")))
     console.print(table)
+    context = _number(shown[0].get("context_bytes")) if shown else None
+    capacity = _number(shown[0].get("capacity_bytes")) if shown else None
+    if context and capacity:
+        # Three capacities meet here: the device's, what is outside the allocator, and what the allocator may use.
+        console.print(Text(f"capacity: the device's memory; {format_bytes(context)} of it is outside the allocator "
+                           f"(CUDA context, NCCL, cuBLAS: allocator.context_bytes), counted in used and headroom; "
+                           f"the out-of-memory box and memory.png show what is left to the allocator "
+                           f"({format_bytes(capacity - context)}, less under allocator.memory_fraction)", style="dim"))
     if len(shown) < len(ranks):
         console.print(Text(f"{len(ranks) - len(shown)} more ranks not shown (lowest peak reserved)",
                            style="dim"))
@@ -269,7 +279,8 @@ def _oom(report: dict, console: Console) -> None:
     body.append(
         f"\nrequested {_bytes(oom.get('requested_bytes'))} with "
         f"{_bytes(oom.get('allocated_bytes'))} allocated and "
-        f"{_bytes(oom.get('reserved_bytes'))} reserved of {_bytes(oom.get('capacity_bytes'))}")
+        f"{_bytes(oom.get('reserved_bytes'))} reserved of {_bytes(oom.get('capacity_bytes'))} left to the "
+        f"allocator (the device's memory less allocator.context_bytes)")
     shortfall = [_number(oom.get(key))
                  for key in ("allocated_bytes", "requested_bytes", "capacity_bytes")]
     if all(v is not None for v in shortfall):

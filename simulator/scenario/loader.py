@@ -12,9 +12,10 @@ from simulator.scenario import schema
 from simulator.scenario.cnn_model import resolve_resnet
 from simulator.scenario.dlrm_model import resolve_dlrm
 from simulator.scenario.hf_config import model_config_from_hf
+from simulator.scenario.limits import check_limits, check_work
 from simulator.scenario.presets import ALIASES, PRESETS, canonical_preset_name, list_presets, preset_values
 from simulator.scenario.schema import (
-    ARCH_DEFAULTS, ARCH_ONLY_KEYS, SECTIONS, AllocatorConfig, ClusterConfig, Invalid, ModelConfig,
+    ARCH_DEFAULTS, ARCH_ONLY_KEYS, SECTION_KEYS, SECTIONS, AllocatorConfig, ClusterConfig, Invalid, ModelConfig,
     ParallelConfig, RunConfig, Scenario, SweepConfig, TrainingConfig, did_you_mean, key_names, key_spec, short_repr,
 )
 
@@ -200,10 +201,21 @@ def scenario_from_dict(doc: dict, source: str = "<dict>", overrides: Sequence[st
     allocator = AllocatorConfig(**_with_defaults(_parse_table(tables["allocator"], "allocator", ctx), "allocator"))
     run = RunConfig(**_with_defaults(_parse_table(tables["run"], "run", ctx), "run"))
     sweep = _resolve_sweep(tables["sweep"], ctx)
+    _check_limits(source, model, training, parallel, cluster, run)
     name = top.get("name", _default_name(source))
     return Scenario(name=name, source=source, model=model, training=training, parallel=parallel,
                     cluster=cluster, allocator=allocator, run=run, description=top.get("description", ""),
                     sweep=sweep)
+
+
+def _check_limits(source: str, *configs) -> None:
+    """Every bounded key of the resolved sections (presets and hf_config included), then the work it implies."""
+    values = {}
+    for section, config in zip(("model", "training", "parallel", "cluster", "run"), configs):
+        values.update({f"{section}.{spec.key}": getattr(config, spec.key, None) for spec in SECTION_KEYS[section]})
+    check_limits(source, values)
+    training, parallel = configs[1], configs[2]
+    check_work(source, training.gradient_accumulation_steps, parallel.dp * parallel.tp * parallel.pp)
 
 
 def _default_name(source: str) -> str:
