@@ -13,9 +13,12 @@ GPT3 = Path(__file__).resolve().parents[1] / "scenarios" / "multi" / "gpt3-175b-
 
 
 @pytest.mark.parametrize("sets, words", [
-    (["training.global_batch_size=80000000"], ["training.global_batch_size", "run.iterations", "layer-micro-batches"]),
+    # within scenario/limits.py's 16,384 micro-batches per iteration, beyond what the lowering holds with every rank
+    (["training.global_batch_size=8000", "run.full=true"],
+     ["training.global_batch_size", "run.iterations", "run.full", "layer-micro-batches"]),
+    (["training.global_batch_size=80000000"], ["training.global_batch_size", "micro-batches per iteration"]),
     (["cluster.nodes=1000000000", "parallel.dp=62500000", "training.global_batch_size=62500000"],
-     ["parallel.dp × tp × pp", "8000000000 GPUs"]),
+     ["parallel.dp = 62500000", "at most 1048576"]),
     (["cluster.nodes=2000000"], ["cluster.nodes = 2000000"]),
 ])
 def test_a_run_beyond_what_memsim_simulates_is_refused_at_once(sets, words):
@@ -36,6 +39,6 @@ def test_the_check_needs_no_topology():
     from simulator.errors import PlanError
     from simulator.scenario import load_scenario
 
-    scenario = load_scenario(GPT3, ["training.global_batch_size=80000000"])
+    scenario = load_scenario(GPT3, ["training.global_batch_size=8000", "run.full=true"])
     with pytest.raises(PlanError, match="layer-micro-batches"):
         check_scenario(scenario)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from simulator.errors import PlanError
-
-MAX_GPUS = 1 << 20              # dp × tp × pp, and cluster.nodes: a topology graph of millions of nodes never ends
+from simulator.scenario.limits import MAX_GPUS  # noqa: F401  dp × tp × pp (limits.py refuses it at load already)
 # Layer-micro-batches the run lowers: simulated ranks × micro-batches × (warm-up + measured iterations) × layers per
 # rank. Measured resident memory (issue 19, `memsim run --json`): GPT-3 175B on 1,024 A100 (16 × 192 × 2 × 6 =
 # 36,864) 2.9 GB; the 1T GPT on 3,072 A100 (64 × 512 × 2 × 2 = 131,072) ~12 GB: ~85 KB each. 2**22 is ~350 GB.

@@ -23,7 +23,7 @@ from simulator.errors import PlanError
 from simulator.workload.graph import BACKWARD_WEIGHT, DTYPE_BYTES, EMBEDDING, ELEMENTWISE, OTHER
 from simulator.workload.primitives import Ops
 from simulator.workload.tape import Grad, Kernel, Ref, numel
-from simulator.workload.transformer import Checkpointing, Params
+from simulator.workload.model_parts import Checkpointing, Params
 
 PLACEMENTS = ("device", "host")
 

@@ -14,7 +14,7 @@ from simulator.errors import PlanError
 from simulator.workload.conv_ops import add_, batch_norm, conv2d, global_avg_pool, max_pool2d, relu_
 from simulator.workload.primitives import Ops
 from simulator.workload.tape import Ref
-from simulator.workload.transformer import Checkpointing, Params, Shape
+from simulator.workload.model_parts import Checkpointing, Params, Shape
 
 STEM_WIDTH = 64          # torchvision: conv1 has 64 output channels; stage i's width is 64 * 2**i
 EXPANSION = {True: 4, False: 1}   # bottleneck blocks widen their output 4x; basic blocks keep it
