@@ -76,8 +76,9 @@ def _replay_timing(caches: Caches, numbers_: PlanNumbers, schedule) -> list[Timi
     skey = ("replay", schedule.name, tuple(schedule.ranks)) + numbers_.structure_key[2:]
     structure = numbers_.structure if schedule is numbers_.prepared.schedule else caches.structures.get(skey)
     if structure is None:
-        structure = caches.structures[skey] = build_structure(schedule, reduces=numbers_.structure_key[-2],
-                                                              tied=numbers_.structure_key[-1])
+        at_end, blocking, reduces, tied = numbers_.structure_key[-4:]
+        structure = caches.structures[skey] = build_structure(schedule, reduces=reduces, tied=tied,
+                                                              reduce_at_end=at_end, blocking_sends=blocking)
     ends = evaluate(structure, numbers_.costs[None], numbers_.offsets[None])[0]
     costs = np.concatenate([numbers_.costs, [0.0]])[structure.cost_index]
     starts = ends - costs
@@ -151,7 +152,9 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
         send_s = float(sum(structure.sends[r, s] * numbers_.costs[transfer_base + s] for s in range(2 * structure.p)))
         flush_s = float(ends[structure.rank_flush[r]] - ends[structure.rank_compute_end[r]])
         tied_s = float(numbers_.costs[transfer_base + 2 * structure.p + 2 * r]) if structure.tied_node[r] >= 0 else 0.0
-        exposed = rank.blocking_s + recv_s + flush_s + tied_s
+        joins = structure.joins[r] if structure.joins else ()
+        sends_s = float(sum(ends[j] - ends[structure.preds[j, 0]] for j in joins))     # blocking sends waited for
+        exposed = rank.blocking_s + recv_s + flush_s + tied_s + sends_s
         total = rank.collectives_s + recv_s + send_s + rank.reductions_s + tied_s
         idle = max(0.0, iteration - rank.compute_s - exposed)
         peak_allocated = max(rank.start_bytes + action_peaks[r],
@@ -184,6 +187,13 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
     if scenario.training.skipped_steps_fraction > 0:
         warnings.append("the estimate leaves out training.skipped_steps_fraction: a simulation averages the "
                         "skipped steps in")
+    leaves_out = []
+    if recipe.offload is not None:
+        leaves_out.append("offload (its host traffic, host work and the GPU memory it frees)")
+    if prepared.overlap.overlap_param_gather:
+        leaves_out.append("parallel.overlap_param_gather")
+    for what in leaves_out:
+        warnings.append(f"the estimate leaves out {what}: a simulation includes it")
     warnings += [w for w in plan.warnings if w not in warnings]
     world = plan.dp * plan.tp * plan.pp
     flops = flops_total * plan.tp * plan.dp
@@ -195,6 +205,7 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
     report = {
         "scenario": scenario.name,
         "estimate": True,
+        "leaves_out": leaves_out,
         "fits": bool(fits),
         "iteration_time_s": iteration,
         "tokens_per_s": tokens / iteration if iteration > 0 else 0.0,
