@@ -313,5 +313,7 @@ def plan_command(
     if bar is not None:
         bar.stop()
     pool.close()
-    sys.stderr.write("memsim: " + ", ".join(f"{phase} {s:.1f} s" for phase, s in found.seconds) + "\n")
     sys.stdout.write(plan_json(found) if as_json else plan_text(found))
+    sys.stdout.flush()
+    sys.stderr.write("memsim: plan search took " + ", ".join(f"{phase} {s:.1f} s" for phase, s in found.seconds)
+                     + "\n")

@@ -33,7 +33,7 @@ _ERRORS = ("raise", "return")
 
 
 def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
-                     caches: Caches | None = None) -> list:
+                     caches: Caches | None = None, replay: bool = True) -> list:
     """Estimate the report of each scenario.
 
     Args:
@@ -42,6 +42,10 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
         errors: "raise": an invalid scenario raises the MemsimError `simulate` would raise for it (the first
             in order); "return": that error object takes the scenario's place in the list.
         caches: profiles, chunk models and collective times to reuse across calls (a search passes one).
+        replay: replay each rank's memory calls through the allocator model for peak reserved memory (most of
+            the estimate's time). False: peak reserved is given as peak allocated, a lower bound, so "fits" is only
+            necessary (a plan that does not fit this way does not fit at all); the report says
+            "reserved_replayed": False. A search replays only the fastest of those (search.py).
 
     Returns:
         One report dict per scenario (or MemsimError with errors="return"), with "estimate": True.
@@ -65,7 +69,7 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
     for item in planned:
         groups.setdefault(item[1].structure_key, []).append(item)
     for items in groups.values():
-        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches)):
+        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches, replay)):
             results[k] = report
     return results
 
@@ -120,8 +124,8 @@ def _replayed(caches: Caches, numbers_: PlanNumbers) -> list[tuple[int, int, boo
     return out
 
 
-def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
-    """Reports of plans that share one structure."""
+def _evaluate_group(plans: list[PlanNumbers], caches: Caches, replay: bool = True) -> list[dict]:
+    """Reports of plans that share one structure (`replay`: as for estimate_reports)."""
     structure = plans[0].structure
     ends = evaluate(structure, np.stack([p.costs for p in plans]), np.stack([p.offsets for p in plans]))
     peaks = []
@@ -132,7 +136,7 @@ def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
         levels = coefficients @ rows.coords.T.astype(float) + excursions[:, rows.types]
         peaks.append(levels.max(axis=1))
     return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)],
-                    _replayed(caches, plan))
+                    _replayed(caches, plan) if replay else None)
             for i, plan in enumerate(plans)]
 
 
@@ -159,7 +163,7 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
         idle = max(0.0, iteration - rank.compute_s - exposed)
         peak_allocated = max(rank.start_bytes + action_peaks[r],
                              rank.start_bytes + rank.step_bytes + rank.step_excursion, rank.start_bytes)
-        peak_reserved, _, oom = replayed[r]
+        peak_reserved, _, oom = replayed[r] if replayed is not None else (0, 0, False)
         peak_reserved = max(int(peak_reserved), int(peak_allocated))
         capacity = int(device.memory_bytes)
         breakdown = {c: int(rank.persistent.get(c, 0)) for c in CATEGORIES}
@@ -187,6 +191,8 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
     if scenario.training.skipped_steps_fraction > 0:
         warnings.append("the estimate leaves out training.skipped_steps_fraction: a simulation averages the "
                         "skipped steps in")
+    if replayed is None:
+        warnings.append("peak reserved memory not replayed: peak allocated is shown (a lower bound)")
     leaves_out = []
     if recipe.offload is not None:
         leaves_out.append("offload (its host traffic, host work and the GPU memory it frees)")
@@ -206,6 +212,7 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
         "scenario": scenario.name,
         "estimate": True,
         "leaves_out": leaves_out,
+        "reserved_replayed": replayed is not None,
         "fits": bool(fits),
         "iteration_time_s": iteration,
         "tokens_per_s": tokens / iteration if iteration > 0 else 0.0,

@@ -12,6 +12,16 @@ PART_NAMES = {"compute_s": "compute", "exposed_communication_s": "exposed commun
 MAX_RULES = 8
 
 
+def seconds(x: float, signed: bool = False) -> str:
+    """A duration in s, or ms under a second: "24.91 s", "6.2 ms" (signed: "+0.41 s")."""
+    sign = "+" if signed and x >= 0 else ""
+    return f"{sign}{x * 1e3:.3g} ms" if abs(x) < 1 else f"{sign}{x:.4g} s"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def time_parts(report: dict) -> dict[str, float]:
     """The busiest stage's iteration split into compute, exposed communication and idle (they add up to about
     the iteration: the rest is communication hidden behind compute)."""
@@ -23,7 +33,9 @@ def _difference(mine: dict, other: dict) -> str:
     """Where `mine` is faster than `other`, largest part first: "compute -0.41 s, bubble (idle) -0.10 s"."""
     a, b = time_parts(mine), time_parts(other)
     deltas = sorted(((a[k] - b[k], k) for k in PARTS), key=lambda item: (item[0], item[1]))
-    return ", ".join(f"{PART_NAMES[k]} {d:+.3f} s" for d, k in deltas if abs(d) >= 5e-4) or "the same parts"
+    scale = max(abs(d) for d, _ in deltas) if deltas else 0.0
+    return ", ".join(f"{PART_NAMES[k]} {seconds(d, True)}" for d, k in deltas if scale and abs(d) >= 1e-3 * scale) \
+        or "the same parts"
 
 
 def _fits(v: Verified) -> bool:
@@ -55,7 +67,7 @@ def why_each_wins(found: PlanSearch) -> list[str]:
     lines = []
     for k, (v, nxt) in enumerate(zip(fitting, fitting[1:]), start=1):
         gain = nxt.report["iteration_time_s"] - v.report["iteration_time_s"]
-        lines.append(f"{v.candidate.label} beats {nxt.candidate.label} by {gain:.3f} s per iteration: "
+        lines.append(f"{v.candidate.label} beats {nxt.candidate.label} by {seconds(gain)} per iteration: "
                      f"{_difference(v.report, nxt.report)}")
     return lines
 
@@ -91,7 +103,7 @@ def what_stopped(found: PlanSearch) -> list[str]:
             part = max(PARTS, key=lambda k: (a[k] - b[k], k))
             by_part[part] = by_part.get(part, 0) + 1
         times = [c.estimate["iteration_time_s"] for c in slower]
-        lines.append(f"fit but slower (estimate {min(times):.3f} to {max(times):.3f} s per iteration, not verified): "
+        lines.append(f"fit but slower (estimate {seconds(min(times))} to {seconds(max(times))} per iteration, not verified): "
                      f"{len(slower):,}; where each loses most against {best.candidate.label}: "
                      + ", ".join(f"{PART_NAMES[k]} {n:,}" for k, n in sorted(by_part.items(), key=lambda i: -i[1])))
     unknown = [c for c in found.candidates if c.verdict == UNKNOWN and c.settings not in verified]
@@ -113,19 +125,19 @@ def plan_text(found: PlanSearch) -> str:
              f"{counts[FITS]:,} fit (estimate)" + (f", {counts[UNKNOWN]:,} left to the simulation" if counts[UNKNOWN]
                                                    else "")
              + f"; {len(found.verified)} verified by simulation", ""]
-    header = (f"{'#':>2}  {'plan':<44} {'fits':<4} {'iteration':>10} {'estimate':>9} {'tokens/s':>11} {'MFU':>6} "
-              f"{'bubble':>7} {'exposed':>8} {'peak res.':>10}")
+    header = (f"{'#':>2}  {'plan':<44} {'fits':<4} {'iteration':>10} {'estimate':>10} {'tokens/s':>11} {'MFU':>6} "
+              f"{'bubble':>7} {'exposed':>10} {'peak reserved':>13}")
     lines.append(header)
     for row in plan_rows(found):
         if row["error"] is not None:
             lines.append(f"{row['rank']:>2}  {row['plan']:<44} simulation failed: {row['error']}")
             continue
-        estimate = (f"{row['estimated_iteration_time_s']:>8.3f}s" if row["estimated_iteration_time_s"] is not None
-                    and row["estimate_left_out"] is None else f"{'-':>9}")
+        estimate = (seconds(row["estimated_iteration_time_s"]) if row["estimated_iteration_time_s"] is not None
+                    and row["estimate_left_out"] is None else "-")
         lines.append(f"{row['rank']:>2}  {row['plan']:<44} {'yes' if row['fits'] else 'no':<4} "
-                     f"{row['iteration_time_s']:>9.3f}s {estimate} {row['tokens_per_s']:>11,.0f} "
+                     f"{seconds(row['iteration_time_s']):>10} {estimate:>10} {row['tokens_per_s']:>11,.0f} "
                      f"{100 * row['mfu']:>5.1f}% {100 * row['bubble_fraction']:>6.1f}% "
-                     f"{row['exposed_communication_s']:>7.3f}s {row['peak_reserved_bytes'] / 2**30:>7.1f}GiB")
+                     f"{seconds(row['exposed_communication_s']):>10} {_gib(row['peak_reserved_bytes']):>13}")
     why = why_each_wins(found)
     if why:
         lines += ["", "why each wins (simulated; busiest stage, the next plan's time subtracted):"]

@@ -88,7 +88,9 @@ class PlanSearch:
     Attributes:
         scenario: the scenario's name; gpus, topology, nodes: the cluster searched.
         candidates: every enumerated plan, in enumeration order.
-        ranked: the candidates that fit, fastest estimate first.
+        ranked: the candidates that fit, fastest estimate first: the first top_k by peak reserved (allocator
+            replay), the rest by peak allocated (a necessary condition; their estimate has "reserved_replayed":
+            False).
         verified: the best `top_k` of `ranked`, simulated, ordered by the simulation (fitting first, then
             iteration time); empty without verification.
         pruned: (reason, count) for the candidates set aside: each rule a run refuses, and "does not fit".
@@ -226,7 +228,22 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
         if progress is not None and k % 500 == 0:
             progress("enumerate", k, len(settings_list))
     enumerated = time.perf_counter()
-    estimates = estimate_reports(scenarios, errors="return", caches=Caches())
+    caches = Caches()
+    # Peak allocated first (fast): a plan that does not fit by it does not fit at all (reserved >= allocated).
+    # The allocator replay for peak reserved then runs on the plans that may fit, fastest first, until top_k
+    # fit by it: the ranking and the plans verified are those a replay of every plan would give.
+    estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
+    scenario_of = dict(zip(where, scenarios))
+    may_fit = sorted((e["iteration_time_s"], k) for k, e in zip(where, estimates)
+                     if not isinstance(e, MemsimError) and e["fits"] and not e.get("leaves_out"))
+    replayed = 0
+    estimates = dict(zip(where, estimates))
+    for _, k in may_fit:
+        if replayed >= top_k:
+            break
+        estimates[k] = estimate_reports([scenario_of[k]], errors="return", caches=caches)[0]
+        replayed += bool(estimates[k]["fits"])
+    estimates = [estimates[k] for k in where]
     for k, estimate in zip(where, estimates):
         settings = settings_list[k]
         if isinstance(estimate, MemsimError):
