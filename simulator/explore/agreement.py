@@ -107,11 +107,14 @@ def summarize(pairs: list[Pair]) -> dict:
     refused_alike = sum(1 for p in pairs if p.estimate is None and p.simulated is None)
     refused_apart = [p for p in pairs if (p.estimate is None) != (p.simulated is None)]
     time = np.array([abs(p.estimate[0] - p.simulated[0]) / p.simulated[0] for p in both])
-    memory = np.array([abs(p.estimate[1] - p.simulated[1]) / p.simulated[1] for p in both])
-    allocated = np.array([abs(p.estimate[2] - p.simulated[2]) / p.simulated[2] for p in both])
+    # Memory over the plans that fit in the simulation: one that runs out stops where its allocator did, so its
+    # simulated peak is not the plan's.
+    ran = [p for p in both if p.simulated[3]] or both
+    memory = np.array([abs(p.estimate[1] - p.simulated[1]) / p.simulated[1] for p in ran])
+    allocated = np.array([abs(p.estimate[2] - p.simulated[2]) / p.simulated[2] for p in ran])
     fits = [p for p in both if p.simulated[3] and p.estimate[3]]
     result = {
-        "plans": len(pairs), "compared": len(both), "refused_by_both": refused_alike,
+        "plans": len(pairs), "compared": len(both), "memory_compared": len(ran), "refused_by_both": refused_alike,
         "refused_by_one": len(refused_apart),
         "time_median": float(np.median(time)), "time_max": float(time.max()),
         "memory_median": float(np.median(memory)), "memory_max": float(memory.max()),
@@ -131,7 +134,8 @@ def table(summary: dict) -> str:
     rows = [("iteration time error, median", pct(summary["time_median"]), "<= 5%",
              summary["time_median"] <= TARGETS["time_median"]),
             ("iteration time error, max", pct(summary["time_max"]), "<= 15%", summary["time_max"] <= TARGETS["time_max"]),
-            ("peak reserved error, median", pct(summary["memory_median"]), "<= 3%",
+            (f"peak reserved error, median ({summary['memory_compared']} plans fitting in the simulation)",
+             pct(summary["memory_median"]), "<= 3%",
              summary["memory_median"] <= TARGETS["memory_median"]),
             ("peak reserved error, max", pct(summary["memory_max"]), "<= 10%",
              summary["memory_max"] <= TARGETS["memory_max"]),
