@@ -278,8 +278,8 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 seconds = segment.compute_s + extra + waited
                 syncs = slot == B_SYNC or (every_sync and slot in (B_FIRST, B_LATER))
                 if in_place and model.buckets and (syncs or (slot == W_SYNC and not every_sync)):
-                    # (a split backward reduces in its last W)
-                    # Each bucket's reduction waited for where it fills: the backward holds for all of them.
+                    # Each bucket's reduction waited for where it fills (a split backward's in its last W): the
+                    # backward holds for all of them.
                     seconds += sum(durations)
                     waited += sum(durations)
                     own += sum(durations)
