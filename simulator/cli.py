@@ -23,12 +23,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 
 def _register_subcommands() -> None:
-    from simulator.cli_explore import compare_command, sweep_command
+    from simulator.cli_explore import compare_command, plan_command, sweep_command
     from simulator.cli_topo import topo_app
     from simulator.cli_validate import calibrate_command, validate_app
 
     app.command("sweep")(sweep_command)
     app.command("compare")(compare_command)
+    app.command("plan")(plan_command)
     app.add_typer(topo_app, name="topo")
     app.add_typer(validate_app, name="validate")
     app.command("calibrate")(calibrate_command)

@@ -1,4 +1,4 @@
-"""`memsim sweep` and `memsim compare`: many scenarios at once, with cost and energy, on local processes or Dask."""
+"""`memsim sweep`, `memsim compare` and `memsim plan`: many scenarios at once, with cost and energy, on local processes or Dask."""
 
 from __future__ import annotations
 
@@ -275,3 +275,45 @@ def _print_comparison(comparison, mode: str) -> None:
         table.add_row(row["cluster"], str(row["gpus"]), row["plan"], "yes", f"{row['tokens_per_s']:,.0f}",
                       f"{100 * row['mfu']:.1f}%", f"{row['peak_reserved_bytes'] / 2**30:.1f} GiB", *cost)
     Console(width=160 if not sys.stdout.isatty() else None).print(table)
+
+
+def plan_command(
+    scenario: Annotated[Path, typer.Argument(help="Scenario file (TOML): the model, training recipe and global batch.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in all (a multiple of the topology's GPUs per node).")],
+    topology: Annotated[str, typer.Option("--topology", help="A topology from topologies/ (e.g. dgx-a100) or a file.")],
+    top: Annotated[int, typer.Option("--top", min=1, help="Plans verified by the full simulation.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the search as JSON.")] = False,
+    executor: ExecutorOption = None,
+) -> None:
+    """Search the plans (tp, pp, dp, virtual stages, micro-batch, recompute, ZeRO, sequence parallelism, offload) of a
+    scenario on N GPUs: prune with the fast estimate, verify the best with the simulation, say why each wins."""
+    from simulator.explore.executors import open_executor
+    from simulator.explore.plan_report import plan_json, plan_text
+    from simulator.explore.search import search_plans
+
+    _long_running()
+    try:
+        pool = open_executor(executor)
+    except MemsimError as error:
+        _fail(str(error))
+        return
+    bar = _progress()
+    try:
+        found = search_plans(scenario, gpus=gpus, topology=topology, top_k=top, executor=pool,
+                             progress=None if bar is None else _SearchProgress(bar))
+    except (MemsimError, KeyboardInterrupt) as error:
+        if bar is not None:
+            bar.stop()
+        pool.close(interrupted=True)
+        if isinstance(error, KeyboardInterrupt):
+            sys.stderr.write("memsim: interrupted\n")
+            raise typer.Exit(130) from None
+        _fail(str(error))
+        return
+    if bar is not None:
+        bar.stop()
+    pool.close()
+    sys.stdout.write(plan_json(found) if as_json else plan_text(found))
+    sys.stdout.flush()
+    sys.stderr.write("memsim: plan search took " + ", ".join(f"{phase} {s:.1f} s" for phase, s in found.seconds)
+                     + "\n")

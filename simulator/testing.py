@@ -32,9 +32,24 @@ from simulator.workload.graph import CATEGORIES
 
 __all__ = [
     "check_bubble", "check_every_action_once", "check_in_flight_at_most", "check_memory_never_negative",
-    "check_no_deadlock", "check_sends_matched", "multi_gpu_scenarios", "plans", "random_schedules", "scenarios",
+    "check_no_deadlock", "check_sends_matched", "draw_examples", "multi_gpu_scenarios", "plans", "random_schedules",
+    "scenarios",
     "schedules",
 ]
+
+
+def draw_examples(strategy: st.SearchStrategy, count: int, seed: int = 0) -> list:
+    """`count` values of `strategy`, the same ones for the same seed (each drawn from its own seeded random
+    source), outside a test: for measurements over random cases (simulator/explore/agreement.py)."""
+    import random
+
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    out = []
+    for k in range(count):
+        data = ConjectureData(random=random.Random(f"{seed}:{k}"))
+        out.append(data.draw(strategy))
+    return out
 
 
 def _require(condition: bool, message: str) -> None:

@@ -106,15 +106,18 @@ def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkP
     kind = _kind(span, pp)
     layers = span.stop - span.start
     in_profile_dp = kind == WHOLE and recipe.dp > 1 and recipe.zero_stage >= 2
+    # Offload is left out (the report says so): the profile is the plan's ops without it.
     profile_recipe = dataclasses.replace(
-        recipe, accumulation_steps=PROFILE_MICROBATCHES,
+        recipe, accumulation_steps=PROFILE_MICROBATCHES, offload=None,
         dp=recipe.dp if in_profile_dp else 1, zero_stage=recipe.zero_stage if in_profile_dp else 0)
     split = prepared.schedule.split_backward and pp > 1
     stage_input = None
     if kind in (MIDDLE, LAST):
         stage_input = _stage_input(caches, prepared, profile_recipe)
+    overlap = prepared.overlap
     key = ProfileKey(prepared.shape, profile_recipe, prepared.kernels, prepared.device, kind,
-                     _recorded(layers, recipe.recompute), split, stage_input)
+                     _recorded(layers, recipe.recompute), split, stage_input,
+                     (overlap.tp_comm_overlap, overlap.tp_backward_overlap) if recipe.tp > 1 else (False, False))
     chunk_key = (key, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes,
                  recipe.accumulation_steps)
     found = caches.chunks.get(chunk_key)
@@ -141,8 +144,19 @@ def _collectives_s(segment: Segment, groups: dict, network: NetworkCosts | None)
     the axis in its stage)."""
     if network is None or not segment.collectives:
         return 0.0
-    return sum(count * network.collective_s(kind, groups[group][0], nbytes, groups[group][1])
-               for (group, kind, nbytes), count in segment.collectives)
+    total = 0.0
+    for key, count in segment.collectives:
+        group, kind, nbytes = key[:3]
+        mine, together = groups[group]
+        if len(key) == 3:
+            total += count * network.collective_s(kind, mine, nbytes, together)
+            continue
+        # Run beside a GEMM (tp_overlap.py): its share there waits only past the compute beside it; the rest blocks.
+        share, hidden_s = key[3], key[4]
+        ahead = network.collective_s(kind, mine, nbytes * share, together) if share > 0 else 0.0
+        rest = network.collective_s(kind, mine, nbytes * (1 - share), together) if share < 1 else 0.0
+        total += count * (max(0.0, ahead - hidden_s) + rest)
+    return total
 
 
 def _stage_groups(plan, stage: int, axis: str) -> tuple[tuple[int, ...], ...]:
@@ -195,12 +209,20 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     found = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
     chunks = {key: value[0] for key, value in found.items()}
     every_sync = any(c.sync_every_backward for c in chunks.values())
-    reduces = plan.dp > 1 and not every_sync
+    overlap = prepared.overlap
+    # Where data-parallel reductions run (lower_multi._Streams.post): beside the backward (overlap_grad_reduce),
+    # all after the last action (Megatron's finish_grad_sync), or blocking where each bucket fills (DeepSpeed).
+    wait = "overlap" if overlap.overlap_grad_reduce else overlap.grad_reduce_wait
+    at_end = wait == "end" and plan.dp > 1
+    in_place = wait == "bucket" and plan.dp > 1
+    reduces = plan.dp > 1 and (at_end or (not every_sync and not in_place))
     tied = p > 1 and any(c.tied_embedding_grad_bytes for c in chunks.values())
-    skey = (schedule.name, tuple(schedule.ranks), p, v, schedule.microbatches, reduces, tied)
+    blocking_sends = p > 1 and not overlap.overlap_p2p_comm
+    skey = (schedule.name, tuple(schedule.ranks), p, v, schedule.microbatches, at_end, blocking_sends, reduces, tied)
     structure = caches.structures.get(skey)
     if structure is None:
-        structure = caches.structures[skey] = build_structure(schedule, reduces=reduces, tied=tied)
+        structure = caches.structures[skey] = build_structure(schedule, reduces=reduces, tied=tied,
+                                                              reduce_at_end=at_end, blocking_sends=blocking_sends)
     costs = np.zeros(cost_table_size(structure))
     offsets = np.zeros(offset_table_size(structure))
     transfer_base = p * v * SLOTS
@@ -247,7 +269,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             if w_first is not None:
                 by_slot.update({W_FIRST: w_first, W_LATER: w_later, W_SYNC: w_later})
             counts = structure.action_counts[r, c]
-            shared = pp == 1 and plan.tp > 1 and plan.dp > 1 and model.buckets
+            shared = pp == 1 and plan.tp > 1 and plan.dp > 1 and model.buckets and wait == "overlap"
             if shared:
                 sync_s, reduced_s = _shared_stream(model, durations, groups, network)
             for slot, segment in by_slot.items():
@@ -255,10 +277,17 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 extra = model.sync_extra_s if slot in (B_SYNC, W_SYNC) else 0.0
                 seconds = segment.compute_s + extra + waited
                 syncs = slot == B_SYNC or (every_sync and slot in (B_FIRST, B_LATER))
+                if in_place and model.buckets and (syncs or (slot == W_SYNC and not every_sync)):
+                    # Each bucket's reduction waited for where it fills (a split backward's in its last W): the
+                    # backward holds for all of them.
+                    seconds += sum(durations)
+                    waited += sum(durations)
+                    own += sum(durations)
+                    syncs = False
                 if shared and syncs:
                     seconds = sync_s + (extra if slot == B_SYNC else 0.0) + (segment.compute_s - b_later.compute_s)
                     waited = seconds - segment.compute_s - (extra if slot == B_SYNC else 0.0)
-                if every_sync and slot in (B_FIRST, B_LATER, B_SYNC):
+                if every_sync and not in_place and not at_end and slot in (B_FIRST, B_LATER, B_SYNC):
                     tail = reduced_s if shared else _reduction_tail(model.buckets, durations, 1.0)
                     seconds = max(seconds, tail)
                 costs[r * v * SLOTS + c * SLOTS + slot] = seconds
@@ -270,7 +299,11 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                     flops += n * segment.model_flops
                     for key, s in segment.phase_s:
                         phases[key] = phases.get(key, 0.0) + n * s
-            if reduces:
+            if at_end:
+                # Every syncing backward's reductions, posted one after another once the last action is done.
+                syncing = int(counts[B_FIRST] + counts[B_LATER] + counts[B_SYNC]) if every_sync else 1
+                offsets[2 * (r * v + c)] = offsets[2 * (r * v + c) + 1] = syncing * sum(durations)
+            elif reduces:
                 sync_slot = W_SYNC if w_first is not None else B_SYNC
                 scale = 1.0
                 if w_first is not None and b_later.compute_s + w_later.compute_s > 0:

@@ -6,7 +6,7 @@ key with the values it takes given the choices made before it, so another axis (
 
 An axis only lists values worth a run (tp divides the GPUs of a node and the heads; pp divides the GPUs left and is
 at most the layers; the micro-batch divides the global batch per replica; ZeRO-2/3 only without a pipeline, as
-`simulate` allows); what else a run would refuse is found by running its checks (search.py), with its message.
+`simulate` allows; offload where simulator/offload/config.py simulates it); what else a run would refuse is found by running its checks (search.py), with its message.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class Context:
     global_batch_size: int
     framework: str
     max_micro_batch_size: int = 64
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,34 @@ def _sequence_parallel(c: Context, chosen: dict) -> list[bool]:
     return [False, True] if chosen["parallel.tp"] > 1 else [False]
 
 
-# In order: a later axis may read the values of earlier ones. Offload, once simulated, is one more Axis here.
+def _zero_offload(c: Context, chosen: dict) -> bool:
+    """Whether ZeRO-Offload can run here (simulator/offload/config.py check_offload): DeepSpeed, pp = 1, ZeRO-2/3,
+    AdamW in mixed precision, no gradient accumulation."""
+    per_replica = c.global_batch_size // chosen["parallel.dp"] if c.global_batch_size % chosen["parallel.dp"] == 0 else 0
+    return (c.framework == "deepspeed" and chosen["parallel.pp"] == 1 and chosen["parallel.zero_stage"] in (2, 3)
+            and c.optimizer == "adamw" and c.precision in ("bf16-mixed", "fp16-mixed")
+            and chosen["training.micro_batch_size"] == per_replica)
+
+
+def _offload_optimizer(c: Context, chosen: dict) -> list[str]:
+    if not _zero_offload(c, chosen):
+        return ["none"]
+    return ["none", "cpu", "nvme"] if chosen["parallel.zero_stage"] == 3 else ["none", "cpu"]
+
+
+def _offload_params(c: Context, chosen: dict) -> list[str]:
+    if chosen["parallel.offload_optimizer"] == "none" or chosen["parallel.zero_stage"] != 3:
+        return ["none"]
+    return ["none", "cpu", "nvme"]
+
+
+def _offload_activations(c: Context, chosen: dict) -> list[str]:
+    if chosen["parallel.pp"] > 1 or c.framework == "megatron" or chosen["training.recompute"] != "none":
+        return ["none"]
+    return ["none", "cpu"]
+
+
+# In order: a later axis may read the values of earlier ones.
 AXES: tuple[Axis, ...] = (
     Axis("parallel.tp", _tp),
     Axis("parallel.pp", _pp),
@@ -106,6 +135,9 @@ AXES: tuple[Axis, ...] = (
     Axis("training.recompute", _recompute),
     Axis("parallel.zero_stage", _zero),
     Axis("parallel.sequence_parallel", _sequence_parallel),
+    Axis("parallel.offload_optimizer", _offload_optimizer),
+    Axis("parallel.offload_params", _offload_params),
+    Axis("parallel.offload_activations", _offload_activations),
 )
 
 

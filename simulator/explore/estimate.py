@@ -33,7 +33,7 @@ _ERRORS = ("raise", "return")
 
 
 def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
-                     caches: Caches | None = None) -> list:
+                     caches: Caches | None = None, replay: bool = True) -> list:
     """Estimate the report of each scenario.
 
     Args:
@@ -42,6 +42,10 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
         errors: "raise": an invalid scenario raises the MemsimError `simulate` would raise for it (the first
             in order); "return": that error object takes the scenario's place in the list.
         caches: profiles, chunk models and collective times to reuse across calls (a search passes one).
+        replay: replay each rank's memory calls through the allocator model for peak reserved memory (most of
+            the estimate's time). False: peak reserved is given as peak allocated, a lower bound, so "fits" is only
+            necessary (a plan that does not fit this way does not fit at all); the report says
+            "reserved_replayed": False. A search replays only the fastest of those (search.py).
 
     Returns:
         One report dict per scenario (or MemsimError with errors="return"), with "estimate": True.
@@ -65,7 +69,7 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
     for item in planned:
         groups.setdefault(item[1].structure_key, []).append(item)
     for items in groups.values():
-        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches)):
+        for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches, replay)):
             results[k] = report
     return results
 
@@ -76,8 +80,9 @@ def _replay_timing(caches: Caches, numbers_: PlanNumbers, schedule) -> list[Timi
     skey = ("replay", schedule.name, tuple(schedule.ranks)) + numbers_.structure_key[2:]
     structure = numbers_.structure if schedule is numbers_.prepared.schedule else caches.structures.get(skey)
     if structure is None:
-        structure = caches.structures[skey] = build_structure(schedule, reduces=numbers_.structure_key[-2],
-                                                              tied=numbers_.structure_key[-1])
+        at_end, blocking, reduces, tied = numbers_.structure_key[-4:]
+        structure = caches.structures[skey] = build_structure(schedule, reduces=reduces, tied=tied,
+                                                              reduce_at_end=at_end, blocking_sends=blocking)
     ends = evaluate(structure, numbers_.costs[None], numbers_.offsets[None])[0]
     costs = np.concatenate([numbers_.costs, [0.0]])[structure.cost_index]
     starts = ends - costs
@@ -119,8 +124,8 @@ def _replayed(caches: Caches, numbers_: PlanNumbers) -> list[tuple[int, int, boo
     return out
 
 
-def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
-    """Reports of plans that share one structure."""
+def _evaluate_group(plans: list[PlanNumbers], caches: Caches, replay: bool = True) -> list[dict]:
+    """Reports of plans that share one structure (`replay`: as for estimate_reports)."""
     structure = plans[0].structure
     ends = evaluate(structure, np.stack([p.costs for p in plans]), np.stack([p.offsets for p in plans]))
     peaks = []
@@ -131,7 +136,7 @@ def _evaluate_group(plans: list[PlanNumbers], caches: Caches) -> list[dict]:
         levels = coefficients @ rows.coords.T.astype(float) + excursions[:, rows.types]
         peaks.append(levels.max(axis=1))
     return [_report(plan, ends[i], [float(peaks[r][i]) for r in range(structure.p)],
-                    _replayed(caches, plan))
+                    _replayed(caches, plan) if replay else None)
             for i, plan in enumerate(plans)]
 
 
@@ -151,12 +156,14 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
         send_s = float(sum(structure.sends[r, s] * numbers_.costs[transfer_base + s] for s in range(2 * structure.p)))
         flush_s = float(ends[structure.rank_flush[r]] - ends[structure.rank_compute_end[r]])
         tied_s = float(numbers_.costs[transfer_base + 2 * structure.p + 2 * r]) if structure.tied_node[r] >= 0 else 0.0
-        exposed = rank.blocking_s + recv_s + flush_s + tied_s
+        joins = structure.joins[r] if structure.joins else ()
+        sends_s = float(sum(ends[j] - ends[structure.preds[j, 0]] for j in joins))     # blocking sends waited for
+        exposed = rank.blocking_s + recv_s + flush_s + tied_s + sends_s
         total = rank.collectives_s + recv_s + send_s + rank.reductions_s + tied_s
         idle = max(0.0, iteration - rank.compute_s - exposed)
         peak_allocated = max(rank.start_bytes + action_peaks[r],
                              rank.start_bytes + rank.step_bytes + rank.step_excursion, rank.start_bytes)
-        peak_reserved, _, oom = replayed[r]
+        peak_reserved, _, oom = replayed[r] if replayed is not None else (0, 0, False)
         peak_reserved = max(int(peak_reserved), int(peak_allocated))
         capacity = int(device.memory_bytes)
         breakdown = {c: int(rank.persistent.get(c, 0)) for c in CATEGORIES}
@@ -184,6 +191,15 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
     if scenario.training.skipped_steps_fraction > 0:
         warnings.append("the estimate leaves out training.skipped_steps_fraction: a simulation averages the "
                         "skipped steps in")
+    if replayed is None:
+        warnings.append("peak reserved memory not replayed: peak allocated is shown (a lower bound)")
+    leaves_out = []
+    if recipe.offload is not None:
+        leaves_out.append("offload (its host traffic, host work and the GPU memory it frees)")
+    if prepared.overlap.overlap_param_gather:
+        leaves_out.append("parallel.overlap_param_gather")
+    for what in leaves_out:
+        warnings.append(f"the estimate leaves out {what}: a simulation includes it")
     warnings += [w for w in plan.warnings if w not in warnings]
     world = plan.dp * plan.tp * plan.pp
     flops = flops_total * plan.tp * plan.dp
@@ -195,6 +211,8 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
     report = {
         "scenario": scenario.name,
         "estimate": True,
+        "leaves_out": leaves_out,
+        "reserved_replayed": replayed is not None,
         "fits": bool(fits),
         "iteration_time_s": iteration,
         "tokens_per_s": tokens / iteration if iteration > 0 else 0.0,

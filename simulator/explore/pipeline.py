@@ -70,6 +70,7 @@ class Structure:
     action_counts: np.ndarray       # (p, v, SLOTS)
     memory: tuple[MemoryRows, ...]
     sync_nodes: tuple[tuple[int, ...], ...]   # per rank, per chunk: the node of its synchronising backward
+    joins: tuple[np.ndarray, ...] = ()        # per rank, the nodes where its compute waits for blocking sends
 
 
 def transfer_slot(kind: str, src: int) -> int:
@@ -151,11 +152,15 @@ class _Graph:
         return len(self.cost) - 1
 
 
-def build_structure(schedule: Schedule, *, reduces: bool, tied: bool) -> Structure:
+def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_end: bool = False,
+                    blocking_sends: bool = False) -> Structure:
     """The graph of `schedule` (validated, with chunks filled in).
 
-    `reduces`: data-parallel reductions during each chunk's last backward (dp > 1); `tied`: the end stages
-    all_reduce a tied embedding's gradient before the step (pp > 1 with tied embeddings).
+    `reduces`: data-parallel reductions during each chunk's last backward (dp > 1); `reduce_at_end`: they are
+    posted only after the rank's last action instead (Megatron without overlap_grad_reduce: finish_grad_sync);
+    `tied`: the end stages all_reduce a tied embedding's gradient before the step (pp > 1 with tied embeddings);
+    `blocking_sends`: each action waits for the sends posted since the previous one to be delivered, and the
+    step for the last ones (overlap_p2p_comm off: lower_multi._comm).
 
     Cost table of a plan (`cost_table_size`): actions, then a message time per transfer slot, then per rank its
     tied all_reduce and its step. Offset table: per (rank, chunk) the reduction queue's length and the tail its
@@ -173,8 +178,21 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool) -> Structu
     action_counts = np.zeros((p, v, SLOTS), dtype=np.int64)
     sync_nodes = [[-1] * v for _ in range(p)]
     last = [-1] * p
+    last_action = [-1] * p
+    joined: list[list[int]] = [[] for _ in range(p)]
+    waits: list[tuple[int, list[tuple]]] = []      # (join node, transfers whose delivery it waits for)
+
+    def join(rank: int, unsent: list[tuple]) -> None:
+        # Two transfers per join node (a node has three predecessors); patched once every recv node exists.
+        for k in range(0, len(unsent), 2):
+            last[rank] = graph.add(-1, (last[rank],))
+            waits.append((last[rank], unsent[k:k + 2]))
+            joined[rank].append(last[rank])
+        unsent.clear()
+
     for rank in range(p):
         slots = iter(_slots(schedule, rank))
+        unsent: list[tuple] = []
         for step in lowered[rank]:
             if isinstance(step, CommStep):
                 slot = transfer_slot(step.transfer.kind, step.transfer.src_rank)
@@ -184,7 +202,11 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool) -> Structu
                     transfer_counts[rank, slot] += 1
                 else:
                     sends[rank, slot] += 1
+                    if blocking_sends:
+                        unsent.append(step.transfer.key)
                 continue
+            if unsent:
+                join(rank, unsent)
             slot = next(slots)
             node = graph.add(rank * v * SLOTS + step.chunk * SLOTS + slot, (last[rank],))
             node_of[step.key] = node
@@ -192,15 +214,24 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool) -> Structu
             if slot in (B_SYNC, W_SYNC):
                 sync_nodes[rank][step.chunk] = node
             last[rank] = node
-    compute_end = list(last)
+        compute_end_node = last[rank]
+        if unsent:
+            join(rank, unsent)
+        last_action[rank] = compute_end_node
+    compute_end = list(last_action)
     # A recv waits for its producer and for the sender's previous send of that kind (one stream per kind),
     # which the sender posts in the order it produces them.
     by_sender: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    delivered: dict[tuple, int] = {}
     for node, step in recvs:
         t = step.transfer
         producer = node_of[t.producer.key]
         graph.preds[node][1] = producer
         by_sender.setdefault((t.src_rank, t.kind), []).append((producer, node))
+        delivered[t.key] = node
+    for node, transfers in waits:
+        for k, key in enumerate(transfers):
+            graph.preds[node][1 + k] = delivered[key]
     for items in by_sender.values():
         items.sort()                       # a rank's action nodes are numbered in its order
         for (_, before), (_, node) in zip(items, items[1:]):
@@ -211,7 +242,7 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool) -> Structu
             queue = -1
             for node, chunk in sorted((n, c) for c, n in enumerate(sync_nodes[rank]) if n >= 0):
                 slot = 2 * (rank * v + chunk)
-                queue = graph.add(-1, (queue, node), (slot, slot + 1))
+                queue = graph.add(-1, (queue, last[rank] if reduce_at_end else node), (slot, slot + 1))
             if queue >= 0:
                 last[rank] = graph.add(-1, (last[rank], queue))
         flush[rank] = last[rank]
@@ -228,7 +259,8 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool) -> Structu
         rank_last=np.array(step_node), rank_flush=np.array(flush), rank_compute_end=np.array(compute_end),
         tied_node=np.array(tied_node), transfer_counts=transfer_counts, sends=sends, action_counts=action_counts,
         memory=tuple(_memory_rows(schedule, r) for r in range(p)),
-        sync_nodes=tuple(tuple(row) for row in sync_nodes))
+        sync_nodes=tuple(tuple(row) for row in sync_nodes),
+        joins=tuple(np.array(sorted(joined[r]), dtype=np.int64) for r in range(p)))
 
 
 def cost_table_size(structure: Structure) -> int:

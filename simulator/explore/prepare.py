@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from simulator.api import _check_plan, kernel_profile, load_topology_for, model_shape, multi_recipe, recipe_for
+from simulator.api import (_check_device_options, _check_plan, _names_topology, _run_device, kernel_profile,
+                           load_topology_for, model_shape, multi_recipe, recipe_for)
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
+from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions, resolve_overlap
 from simulator.parallel.plan import ParallelPlan, make_plan
 from simulator.parallel.schedule_check import load_schedule
 from simulator.parallel.schedules import Schedule, by_name
@@ -32,6 +34,7 @@ class Prepared:
     shape: Shape
     kernels: KernelProfile
     multi: bool                  # dp * tp * pp > 1 (the report has the multi-rank keys)
+    overlap: OverlapOptions = NO_OVERLAP_CHANGE     # what the run overlaps (parallel/overlap.py)
 
     @property
     def topology(self):
@@ -39,7 +42,8 @@ class Prepared:
 
 
 def prepare(scenario: Scenario) -> Prepared:
-    """Check `scenario` as `simulate(scenario)` does and resolve its cluster, plan, recipe and schedule.
+    """Check `scenario` as `simulate(scenario)` does and resolve its cluster, plan, recipe and schedule, with the
+    device as the run's kernels see it (attention backend, CUDA graphs: api._run_device) and the overlap switches.
 
     Raises:
         MemsimError: the error `simulate(scenario)` raises for it (same message).
@@ -50,28 +54,42 @@ def prepare(scenario: Scenario) -> Prepared:
                         f"extrapolates from repeated transformer layers; this model is simulated instead (memsim run, "
                         f"memsim sweep without --fast)")
     multi = p.dp * p.tp * p.pp > 1
-    if multi:
-        _check_plan(scenario, multi=True)
-    else:
+    if not (multi or _names_topology(scenario)):
         _check_plan(scenario)
-    cluster = resolve_cluster(scenario)
-    device = cluster.device
-    if not multi:
+        cluster = resolve_cluster(scenario)
+        _check_device_options(scenario, cluster.device)
+        device = _run_device(scenario, cluster.device)
         recipe = recipe_for(scenario, device)
         plan = ParallelPlan(dp=1, tp=1, pp=1, stages=_one_stage(scenario))
         schedule = by_name("1f1b", 1, recipe.accumulation_steps)
         return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario),
                         kernel_profile(device), False)
-    if cluster.topology is None:
+    # api._multi_setup's checks, in its order.
+    _check_plan(scenario, multi=True)
+    cluster = resolve_cluster(scenario)
+    _check_device_options(scenario, cluster.device)
+    if cluster.topology is None and multi:
         _check_plan(scenario)
-    topology = cluster.topology if cluster.topology is not None else load_topology_for(device)
+    from simulator.offload.config import offloading
+
+    if cluster.topology is None and offloading(scenario):
+        _multi_setup(scenario)          # raises its refusal (offload needs a topology)
+    topology = cluster.topology if cluster.topology is not None else load_topology_for(cluster.device)
     plan = make_plan(scenario, topology)
-    recipe = multi_recipe(scenario, device)
+    overlap = resolve_overlap(scenario, nvlink=cluster.device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
+    recipe = multi_recipe(scenario, cluster.device, cluster.topology)
     schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
     if p.pp == 1:
         _check_data_parallel(recipe)       # what build_iteration checks first (pp > 1: _check_plan did)
+    device = _run_device(scenario, cluster.device)
     return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario), kernel_profile(device),
-                    True)
+                    multi, overlap)
+
+
+def _multi_setup(scenario: Scenario) -> None:
+    from simulator.api import _multi_setup as setup
+
+    setup(scenario)
 
 
 def _one_stage(scenario: Scenario):

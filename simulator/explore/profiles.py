@@ -44,6 +44,7 @@ class ProfileKey:
     recorded: int               # layers built
     split: bool = False         # zero-bubble: backwards split into I and W
     stage_input: tuple[tuple[int, ...], str] | None = None    # MIDDLE / LAST: the received activation
+    tp_overlap: tuple[bool, bool] = (False, False)   # (tp_comm_overlap, tp_backward_overlap) as resolved
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,39 @@ def _timed(ops: tuple[Op, ...] | list[Op], tensors: dict[int, Tensor], device: D
     return [run.op for run in runs], [run.duration_s for run in runs]
 
 
-def _blocks(ops, tensors, device, cache) -> Blocks:
+def _blocks(ops, tensors, device, cache, key: ProfileKey | None = None, lists: tuple | None = None) -> Blocks:
+    """The Blocks of `ops`; with `key` asking for tensor-parallel overlap, each op list of `lists` (the lowering's
+    separate lists that make up `ops`: a backward and its weight-gradient ops) gets tp_overlap's pairs."""
     listed, durations = _timed(ops, tensors, device, cache)
-    return blocks_of(listed, durations, tensors)
+    beside = None
+    if key is not None and any(key.tp_overlap) and key.recipe.tp > 1:
+        beside = [None] * len(listed)
+        base = 0
+        for part in (lists if lists is not None else (ops,)):
+            _pair(listed, durations, beside, base, len(part), key, device)
+            base += len(part)
+    return blocks_of(listed, durations, tensors, beside)
+
+
+def _pair(ops: list[Op], durations: list[float], beside: list, base: int, count: int, key: ProfileKey,
+          device: DeviceSpec) -> None:
+    """Apply tp_overlap.plan_overlaps to ops[base:base + count] as lower_multi._Streams.overlapped runs them: the
+    GEMM slowed by the SMs the collective holds, and the collective marked with the compute it runs beside."""
+    from simulator.parallel.overlap import OverlapOptions
+    from simulator.parallel.tp_overlap import plan_overlaps
+
+    options = OverlapOptions(tp_comm_overlap=key.tp_overlap[0], tp_backward_overlap=key.tp_overlap[1])
+    for o in plan_overlaps(ops[base:base + count], options, key.recipe.tp, device):
+        c, g = base + o.collective, base + o.gemm
+        alone = durations[g]
+        scaled = alone * o.gemm_scale
+        if o.collective_first:
+            durations[g] = scaled * (1 - o.gemm_after) + alone * o.gemm_after
+            beside[c] = (1.0, scaled * (1 - o.gemm_after))
+        else:
+            durations[g] = scaled
+            between = sum(durations[k] for k in range(g + 1, c) if ops[k].op_class != "collective")
+            beside[c] = (o.ahead, scaled * (1 - o.gemm_before) + between)
 
 
 def _split_at_seed(ops: list[Op]) -> tuple[list[Op], list[Op]]:
@@ -189,13 +220,15 @@ def record(key: ProfileKey, cache: dict | None = None) -> ChunkProfile:
     backward_first = first.backward if key.split else first.backward + first.weight
     backward_later = later.backward if key.split else later.backward + later.weight
     replay = _stage_replay(workload, key, first, later)
+    lists_first = None if key.split else (first.backward, first.weight)
+    lists_later = None if key.split else (later.backward, later.weight)
     return ChunkProfile(
         key=key,
-        forward=_blocks(first.forward, tensors, device, cache),
-        backward_first=_blocks(backward_first, tensors, device, cache),
-        backward_later=_blocks(backward_later, tensors, device, cache),
-        weight_first=_blocks(first.weight, tensors, device, cache) if key.split else None,
-        weight_later=_blocks(later.weight, tensors, device, cache) if key.split else None,
+        forward=_blocks(first.forward, tensors, device, cache, key),
+        backward_first=_blocks(backward_first, tensors, device, cache, key, lists_first),
+        backward_later=_blocks(backward_later, tensors, device, cache, key, lists_later),
+        weight_first=_blocks(first.weight, tensors, device, cache, key) if key.split else None,
+        weight_later=_blocks(later.weight, tensors, device, cache, key) if key.split else None,
         before_forward_bytes=before_forward, before_backward_bytes=before_backward,
         after_backward_bytes=after_backward, after_weight_bytes=sum(size[t] for t in held),
         sent_output_bytes=size[first.sent_output] if first.sent_output is not None else 0,
@@ -222,9 +255,9 @@ def _record_whole(key: ProfileKey, cache: dict) -> ChunkProfile:
     params, buffers = _persistent(plain.tensors, plain.persistent, frozenset(plain.meta.get("frozen_ids", ())))
     shard = sum(t.nbytes for t in tensors.values() if t.name == "dp.grad_shard")
     return ChunkProfile(
-        key=key, forward=_blocks(first_f, tensors, device, cache),
-        backward_first=_blocks(first_b, tensors, device, cache),
-        backward_later=_blocks(later_b, tensors, device, cache), weight_first=None, weight_later=None,
+        key=key, forward=_blocks(first_f, tensors, device, cache, key),
+        backward_first=_blocks(first_b, tensors, device, cache, key),
+        backward_later=_blocks(later_b, tensors, device, cache, key), weight_first=None, weight_later=None,
         before_forward_bytes=inputs, before_backward_bytes=0, after_backward_bytes=inputs, after_weight_bytes=0,
         sent_output_bytes=0, input_grad_bytes=0, output_bytes=0, params=params, buffers=buffers,
         tied_embedding_grad_bytes=0, output=((), ""), grad_shard_bytes=shard,

@@ -20,7 +20,7 @@ from simulator.explore.estimate import estimate_reports
 from simulator.scenario import Scenario
 from simulator.scenario.loader import read_scenario_document, scenario_from_dict
 
-INVALID, NO_FIT, FITS = "invalid", "does-not-fit", "fits"
+INVALID, NO_FIT, FITS, UNKNOWN = "invalid", "does-not-fit", "fits", "estimate-leaves-out"
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class Candidate:
         settings: (scenario key, value) pairs, e.g. (("parallel.tp", 8), ...); `overrides` gives them as
             `memsim run --set` arguments.
         verdict: INVALID (a run refuses it: `reason` is the one-line error), NO_FIT (the estimate does not fit:
-            `reason` says by how much), FITS.
+            `reason` says by how much), FITS, UNKNOWN (the estimate leaves out what the plan does, e.g. offload:
+            `reason` says what; only a simulation can judge it).
         estimate: the estimated report (None when invalid).
         reason: why it was set aside, or None.
     """
@@ -57,13 +58,18 @@ class Candidate:
         if s.get("parallel.sequence_parallel"):
             parts.append("sp")
         for key, value in self.settings:
-            if key not in _LABELLED:
+            if key in _OFFLOAD:
+                if value != "none":
+                    parts.append(f"offload-{_OFFLOAD[key]}-{value}")
+            elif key not in _LABELLED:
                 parts.append(f"{key.split('.')[-1]}={value}")
         return " ".join(parts)
 
 
 _LABELLED = {"parallel.tp", "parallel.pp", "parallel.dp", "training.micro_batch_size", "parallel.schedule",
              "parallel.virtual_stages", "training.recompute", "parallel.zero_stage", "parallel.sequence_parallel"}
+_OFFLOAD = {"parallel.offload_optimizer": "opt", "parallel.offload_params": "params",
+            "parallel.offload_activations": "act"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,9 @@ class PlanSearch:
     Attributes:
         scenario: the scenario's name; gpus, topology, nodes: the cluster searched.
         candidates: every enumerated plan, in enumeration order.
-        ranked: the candidates that fit, fastest estimate first.
+        ranked: the candidates that fit, fastest estimate first: the first top_k by peak reserved (allocator
+            replay), the rest by peak allocated (a necessary condition; their estimate has "reserved_replayed":
+            False).
         verified: the best `top_k` of `ranked`, simulated, ordered by the simulation (fitting first, then
             iteration time); empty without verification.
         pruned: (reason, count) for the candidates set aside: each rule a run refuses, and "does not fit".
@@ -112,13 +120,25 @@ class InProcess:
         return [fn(item) for item in items]
 
 
-def simulate_candidate(job: tuple[dict, str, list[str]]) -> dict:
-    """Simulate one candidate (document, source, overrides) and return its report (timelines off: the report is
-    the same). A module-level function so that process-pool and Dask executors can ship it."""
+# Verification runs without memory timelines and allocator events: neither is read by the report
+# (tests/test_stretches.py for timelines; tests/test_plan_search.py checks the report is unchanged).
+QUIET = ["run.record_events=false"]
+
+
+def simulate_candidate(job: tuple[dict, str, list[str]]) -> tuple[dict | None, str | None]:
+    """Simulate one candidate (document, source, overrides): (its report, None), or (None, the one-line reason)
+    when the run fails. A module-level function so that process-pool and Dask executors can ship it."""
     from simulator.api import simulate
 
     document, source, settings = job
-    return simulate(scenario_from_dict(document, source, settings), timelines=False, events=False).report
+    try:
+        return simulate(scenario_from_dict(document, source, settings + QUIET), timelines=False,
+                        events=False).report, None
+    except MemsimError as error:
+        return None, _rule(str(error), source)
+    except Exception as error:          # noqa: BLE001
+        # A failure inside the simulator is this candidate's, not the search's: reported with its reason.
+        return None, f"the simulation failed: {type(error).__name__}: {error}"
 
 
 def _document(scenario: Scenario | str | os.PathLike) -> tuple[dict, str]:
@@ -134,6 +154,14 @@ def _rule(message: str, source: str) -> str:
     """An error message without its file prefix: the rule, to count candidates by."""
     prefix = f"{source}: "
     return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def _verified_order(v: Verified) -> tuple:
+    """Fitting first, then the rest that ran, then failures; each by iteration time (a stable sort keeps the
+    estimate's order among equals)."""
+    if v.report is None:
+        return (2, 0.0)
+    return (0 if v.report["fits"] else 1, v.report["iteration_time_s"])
 
 
 def _shortfall(report: dict) -> str:
@@ -186,7 +214,8 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     base = scenario_from_dict(document, source, [f'cluster.topology="{topology}"', f"cluster.nodes={nodes}"])
     model = base.model
     context = Context(gpus, per_node, model.num_layers, model.num_attention_heads, model.num_kv_heads,
-                      base.training.global_batch_size, base.training.framework)
+                      base.training.global_batch_size, base.training.framework,
+                      optimizer=base.training.optimizer, precision=base.training.precision)
     fixed = [f'cluster.topology="{topology}"', f"cluster.nodes={nodes}"]
     settings_list = list(enumerate_plans(axes, context))
     candidates: list[Candidate | None] = [None] * len(settings_list)
@@ -200,11 +229,29 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
         if progress is not None and k % 500 == 0:
             progress("enumerate", k, len(settings_list))
     enumerated = time.perf_counter()
-    estimates = estimate_reports(scenarios, errors="return", caches=Caches())
+    caches = Caches()
+    # Peak allocated first (fast): a plan that does not fit by it does not fit at all (reserved >= allocated).
+    # The allocator replay for peak reserved then runs on the plans that may fit, fastest first, until top_k
+    # fit by it: the ranking and the plans verified are those a replay of every plan would give.
+    estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
+    scenario_of = dict(zip(where, scenarios))
+    may_fit = sorted((e["iteration_time_s"], k) for k, e in zip(where, estimates)
+                     if not isinstance(e, MemsimError) and e["fits"] and not e.get("leaves_out"))
+    replayed = 0
+    estimates = dict(zip(where, estimates))
+    for _, k in may_fit:
+        if replayed >= top_k:
+            break
+        estimates[k] = estimate_reports([scenario_of[k]], errors="return", caches=caches)[0]
+        replayed += bool(estimates[k]["fits"])
+    estimates = [estimates[k] for k in where]
     for k, estimate in zip(where, estimates):
         settings = settings_list[k]
         if isinstance(estimate, MemsimError):
             candidates[k] = Candidate(settings, INVALID, reason=_rule(str(estimate), source))
+        elif estimate.get("leaves_out"):
+            candidates[k] = Candidate(settings, UNKNOWN, estimate,
+                                      "the estimate leaves out " + ", ".join(estimate["leaves_out"]))
         elif not estimate["fits"]:
             candidates[k] = Candidate(settings, NO_FIT, estimate, _shortfall(estimate))
         else:
@@ -220,19 +267,24 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     ranked = tuple(c for _, _, c in sorted((c.estimate["iteration_time_s"], k, c) for k, c in enumerate(done)
                                            if c.verdict == FITS))
     verified: tuple[Verified, ...] = ()
-    if verify and ranked:
-        top = ranked[:top_k]
+    # Plans the estimate cannot judge (offload) are verified only where too few others fit: offload trades speed
+    # for memory, so it matters when the GPU-only plans do not fit (their estimated time, offload's host traffic
+    # left out, orders them).
+    unknown = tuple(c for _, _, c in sorted((c.estimate["iteration_time_s"], k, c) for k, c in enumerate(done)
+                                            if c.verdict == UNKNOWN))
+    if verify and (ranked or unknown):
+        top = ranked[:top_k] + unknown[:max(0, top_k - len(ranked))]
         jobs = [(document, source, fixed + c.overrides) for c in top]
         runner = executor if executor is not None else InProcess()
         results = []
-        for candidate, report in zip(top, runner.map(simulate_candidate, jobs)):
-            results.append(Verified(candidate, report))
+        for candidate, (report, error) in zip(top, runner.map(simulate_candidate, jobs)):
+            results.append(Verified(candidate, report, error))
             if progress is not None:
                 progress("verify", len(results), len(top))
-        verified = tuple(sorted(results, key=lambda v: (not v.report["fits"], v.report["iteration_time_s"])))
+        verified = tuple(sorted(results, key=_verified_order))
     counts: dict[str, int] = {}
     for c in done:
-        if c.verdict != FITS:
+        if c.verdict in (INVALID, NO_FIT):
             key = "does not fit" if c.verdict == NO_FIT else c.reason
             counts[key] = counts.get(key, 0) + 1
     finished = time.perf_counter()

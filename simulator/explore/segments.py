@@ -110,12 +110,15 @@ def chain(segments) -> Segment:
 
 
 def summarize(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor],
-              waited_groups: tuple[str, ...] = ("tp", "dp")) -> Segment:
+              waited_groups: tuple[str, ...] = ("tp", "dp"), beside: list | None = None) -> Segment:
     """The Segment of `ops` with their `durations` (timed_ops'): collectives of `waited_groups` are blocking,
     other collectives (overlapped data-parallel reductions) are listed in `overlapped`.
 
     A data-parallel all_gather (ZeRO-3 parameters) is waited for at once, as the lowering does; all_reduce and
-    reduce_scatter of group dp are overlapped.
+    reduce_scatter of group dp are overlapped. `beside[i]`, when not None, is (share of the bytes run beside a
+    GEMM, seconds of compute it runs beside) for a tensor-parallel collective paired with a GEMM
+    (parallel/tp_overlap.py): it is listed as (group, kind, bytes, share, seconds), and waits only for what the
+    compute beside it does not cover (assemble._collectives_s).
     """
     n = len(ops)
     if n == 0:
@@ -130,10 +133,14 @@ def summarize(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
     overlapped = []
     elapsed = 0.0
     flops = 0.0
-    for op, duration_s in zip(ops, durations):
+    for k, (op, duration_s) in enumerate(zip(ops, durations)):
         if op.op_class == COLLECTIVE:
             group = op.group if op.group in ("tp", "dp") else "tp"
             kind = op.collective or "all_reduce"
+            paired = beside[k] if beside is not None else None
+            if paired is not None:
+                collectives[(group, kind, int(op.comm_bytes), paired[0], paired[1])] += 1
+                continue
             # As the lowering decides (lower_multi._lower_collective): Op.placement first, else by kind.
             if group == "dp" and (op.placement == OVERLAPPED or (
                     kind in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING)):
@@ -203,13 +210,14 @@ def run_layers(ops) -> list[int]:
     return layers
 
 
-def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor]) -> Blocks:
+def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor],
+              beside: list | None = None) -> Blocks:
     """Cut an action's ops into the runs before the layers, per layer, and after (ops of no layer between two
-    layers' ops go with the run they follow)."""
+    layers' ops go with the run they follow). `beside`: as for summarize."""
     layers = run_layers(ops)
     layered = [i for i, layer in enumerate(layers) if layer >= 0]
     if not layered:
-        return Blocks(summarize(ops, durations, tensors), (), Segment())
+        return Blocks(summarize(ops, durations, tensors, beside=beside), (), Segment())
     first, last = layered[0], layered[-1]
     runs: list[list[int]] = []
     current = None
@@ -221,7 +229,8 @@ def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
         runs[-1].append(i)
 
     def part(indices) -> Segment:
-        return summarize([ops[i] for i in indices], [durations[i] for i in indices], tensors)
+        return summarize([ops[i] for i in indices], [durations[i] for i in indices], tensors,
+                         beside=None if beside is None else [beside[i] for i in indices])
 
     middle = sorted({layers[i] for i in layered})
     middle_layer = middle[1] if len(middle) == 3 else None
