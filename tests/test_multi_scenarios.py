@@ -37,7 +37,7 @@ def _slow_scenarios() -> list[Path]:
 
 
 def _run(path: Path, out: Path | None = None, overrides: tuple[str, ...] = ()) -> dict:
-    args = ["run", str(path), "--json"]
+    args = ["run", str(path), "--json", "--what-would-fit", "0"]   # the advice is tested in test_what_would_fit.py
     for item in overrides:
         args += ["--set", item]
     if out is not None:

@@ -77,7 +77,7 @@ def _run(tmp_path: Path, *extra: str) -> tuple[dict, Path]:
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(TINY_GPT_TP2_PP2)
     out = tmp_path / ("out" + "".join(extra).replace("-", "_"))
-    result = CliRunner().invoke(app, ["run", str(scenario), "--json", "--out", str(out), *extra])
+    result = CliRunner().invoke(app, ["run", str(scenario), "--json", "--what-would-fit", "0", "--out", str(out), *extra])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), out
 
