@@ -106,6 +106,12 @@ def test_lora_table_and_flat_keys_are_the_same():
     assert flat.training == table.training
 
 
+def test_set_of_a_flat_key_replaces_the_tables_value():
+    """--set training.lora_rank=16 on a file with [training.lora] rank = 4 overrides it (not "given twice")."""
+    table = scenario_from_dict(_doc(peft="lora", lora={"rank": 4, "alpha": 8.0}), "<dict>", ["training.lora_rank=16"])
+    assert table.training == scenario_from_dict(_doc(peft="lora", lora_rank=16, lora_alpha=8.0)).training
+
+
 @pytest.mark.parametrize(("training", "model", "needle"), [
     ({"peft": "lora", "lora_target_modules": ["c_attn"]}, {}, "'c_attn' is not a linear of a llama block"),
     ({"peft": "lora", "lora_rank": 300, "lora_target_modules": ["q_proj"]}, {}, "training.lora_rank = 300"),

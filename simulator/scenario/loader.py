@@ -151,6 +151,9 @@ def apply_overrides(doc: Mapping, overrides: Sequence[str], source: str = "<dict
             table = result[section] = {}
         if not isinstance(table, dict):
             raise key_error(source, section, table, f"must be a table to take --set {item!r}")
+        lora = table.get("lora") if section == "training" and key.startswith("lora_") else None
+        if isinstance(lora, dict):
+            lora.pop(key[len("lora_"):], None)   # --set training.lora_rank replaces [training.lora] rank
         table[key] = value
     return result
 
