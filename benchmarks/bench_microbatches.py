@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
-from cli_timing import old_tree, run_cli
+from cli_timing import compared_trees, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "multi" / "gpt3-175b-1024xa100-tp8-pp16-dp8.toml"
@@ -40,13 +39,8 @@ def main() -> None:
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown:
         parser.error(f"--schedules: unknown {unknown}; known: {', '.join(SCHEDULES)}")
-    trees = {"new": ROOT}
-    cleanup = None
-    if args.old != "none":
-        trees["old"], cleanup = old_tree(args.old, ROOT)
     rows = []
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # so that `finally` removes the worktree
-    try:
+    with compared_trees(args.old, ROOT) as trees:
         for schedule in schedules:
             for index, m in enumerate(counts):
                 sets = (f"training.global_batch_size={DP * m}",) + SCHEDULES[schedule]
@@ -59,9 +53,6 @@ def main() -> None:
                                  "returncode": timed.returncode, "md5": timed.md5, "error": timed.error})
                     print(f"{schedule:12s} m {m:5d} {which:3s} {timed.wall_s:8.2f} s {timed.peak_rss_bytes / 1e9:6.2f} GB "
                           f"load {load:4.1f} rc {timed.returncode} {timed.error}", file=sys.stderr, flush=True)
-    finally:
-        if cleanup is not None:
-            cleanup()
     json.dump(rows, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
-from cli_timing import old_tree, run_cli
+from cli_timing import compared_trees, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTI = ROOT / "scenarios" / "multi"
@@ -48,13 +47,8 @@ def main() -> None:
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         parser.error(f"--only: unknown target(s) {unknown}; known: {', '.join(TARGETS)}")
-    trees = {"new": ROOT}
-    cleanup = None
-    if args.old != "none":
-        trees["old"], cleanup = old_tree(args.old, ROOT)
     rows = []
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # so that `finally` removes the worktree
-    try:
+    with compared_trees(args.old, ROOT) as trees:
         for repeat in range(args.repeats):
             for name in names:
                 scenario, target_s, target_rss = TARGETS[name]
@@ -79,9 +73,6 @@ def main() -> None:
                     for row in rows[-2:]:
                         row["same_report"] = same
                     print(f"{'':22s} reports {'identical' if same else 'DIFFER'}", file=sys.stderr, flush=True)
-    finally:
-        if cleanup is not None:
-            cleanup()
     json.dump(rows, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

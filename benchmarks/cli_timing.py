@@ -3,9 +3,11 @@ whole process tree (the engine and its memory workers), shared by bench_targets.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 SAMPLE_S = 0.1          # how often the process tree's resident set is read
 
@@ -101,16 +104,22 @@ def run_cli(tree: Path, scenario: Path, timeout_s: float, extra: tuple[str, ...]
     return Timed(wall, peak[0], returncode, digest, message[-1] if message and returncode else "")
 
 
-def old_tree(commit: str, repository: Path) -> tuple[Path, object]:
-    """A detached git worktree of `commit` in a temporary folder; returns (path, cleanup callable)."""
+@contextlib.contextmanager
+def compared_trees(old: str, repository: Path) -> Iterator[dict[str, Path]]:
+    """{"new": repository} plus {"old": a detached git worktree of `old`} (unless old is "none"), removed on exit;
+    SIGTERM exits through it, so a stopped benchmark leaves no worktree behind."""
+    trees = {"new": repository}
+    if old == "none":
+        yield trees
+        return
     folder = Path(tempfile.mkdtemp(prefix="memsim-old-"))
     path = folder / "tree"
-    subprocess.run(["git", "-C", str(repository), "worktree", "add", "--detach", str(path), commit],
+    subprocess.run(["git", "-C", str(repository), "worktree", "add", "--detach", str(path), old],
                    check=True, capture_output=True)
-
-    def cleanup() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield {**trees, "old": path}
+    finally:
         subprocess.run(["git", "-C", str(repository), "worktree", "remove", "--force", str(path)],
                        capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
-
-    return path, cleanup
