@@ -260,14 +260,11 @@ def _entry(change: Change, report: dict, original: dict, gpus: int) -> dict:
     }
 
 
-def _estimable(scenario: Scenario, estimate: dict) -> bool:
-    """Whether the estimate covers what the candidate changes: not offload (its host traffic and memory are not in
-    the estimate), nor what the estimate says it leaves out."""
-    from simulator.offload.config import offloading
-
-    if offloading(scenario):
-        return False
-    return not any("the estimate leaves out" in str(w) for w in estimate.get("warnings", ()))
+def _estimable(estimate: dict) -> bool:
+    """Whether the estimate covers what the candidate changes: nothing it lists under leaves_out (offload) or warns
+    it leaves out (gradient compression, skipped steps)."""
+    return not estimate.get("leaves_out") and not any("the estimate leaves out" in str(w)
+                                                       for w in estimate.get("warnings", ()))
 
 
 def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Change]:
@@ -278,10 +275,10 @@ def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Chan
 
     estimates = estimate_reports([scenario for _, scenario in candidates], errors="return")
     fitting, unknown = [], []
-    for index, ((change, scenario), estimate) in enumerate(zip(candidates, estimates)):
+    for index, ((change, _), estimate) in enumerate(zip(candidates, estimates)):
         if isinstance(estimate, MemsimError):
             unknown.append((float("inf"), index, change))
-        elif not _estimable(scenario, estimate):
+        elif not _estimable(estimate):
             # what the estimate leaves out (offload) is kept the same across these candidates; what it covers
             # (activations, recompute, micro-batch) orders them: least activation memory first
             unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
