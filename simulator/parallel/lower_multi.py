@@ -38,6 +38,7 @@ from itertools import repeat
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
+from simulator.parallel import overlap_templates
 from simulator.parallel.offload_lowering import lower_offload
 from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions
 from simulator.parallel.plan import ParallelPlan
@@ -101,6 +102,7 @@ class _Streams:
     rank: int
     plan: ParallelPlan
     fuse_blocking = True      # a class switch, not a field: False writes every collective as Signal / WaitFor (tests)
+    templates_on = True       # a class switch: False lowers every overlapped micro-batch op by op (tests compare)
     compute: list[Instruction] = field(default_factory=list)
     other: dict[str, list[Instruction]] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)     # dp reductions the compute stream has not waited for
@@ -125,6 +127,8 @@ class _Streams:
     device: DeviceSpec | None = None                    # the rank's GPU (SMs a GEMM keeps beside communication)
     plans: dict[int, tuple] = field(default_factory=dict)    # id(timed ops) -> (them, their Overlaps)
     halves: dict[int, tuple] = field(default_factory=dict)   # id(op) -> (op, split_gemm's halves)
+    # (id(timed ops), iteration, low, reductions outstanding) -> (them, overlap_templates.record's or None)
+    templates: dict[tuple, tuple] = field(default_factory=dict)
     offload_last: dict[str, str] = field(default_factory=dict)   # offload stream -> its last transfer's done event
     offload_done: dict[str, str] = field(default_factory=dict)   # offload transfer name -> its last post's done event
     host_caps: dict[str, float] = field(default_factory=dict)    # host kernel -> bytes/s (offload HostState.caps)
@@ -257,6 +261,9 @@ class _Streams:
             if planned is None or planned[0] is not timed:
                 planned = self.plans[id(timed)] = (timed, self.overlaps_of(timed.ops))
             if planned[1]:
+                if shift and self.templates_on and not self.first_gemm and self._templated(
+                        timed, planned[1], iteration, shift, low):
+                    return
                 self.overlapped([new_run(Run, (op, duration_s, iteration, shift, low)) for op, duration_s in timed.pairs],
                                 planned[1])
                 return
@@ -293,6 +300,26 @@ class _Streams:
         start = len(self.compute)
         self.compute += runs
         self.copies.append((start, len(self.compute), timed, iteration, low, specials))
+
+    def _templated(self, timed: _TimedOps, overlaps: tuple[Overlap, ...], iteration: int, shift: int,
+                   low: int) -> bool:
+        """`overlapped` for a moved copy from the template of its ops (parallel/overlap_templates.py), lowered once
+        per (ops, iteration, low, reductions outstanding); False (nothing done) when they cannot have one."""
+        key = (id(timed), iteration, low, bool(self.pending))
+        found = self.templates.get(key)
+        if found is None or found[0] is not timed:
+            template = None
+            if overlap_templates.templatable(timed.ops):
+                scratch = _Streams(self.rank, self.plan, pending=list(self.pending), dp_stream=self.dp_stream,
+                                   groups=self.groups, overlap=self.overlap, device=self.device, halves=self.halves)
+                template = overlap_templates.record(scratch, [
+                    new_run(Run, (op, duration_s, iteration, overlap_templates.MARK, low))
+                    for op, duration_s in timed.pairs], overlaps)
+            found = self.templates[key] = (timed, template)
+        if found[1] is None:
+            return False
+        overlap_templates.apply(found[1], self, shift)
+        return True
 
     def _unmoved_blockings(self, unmoved: tuple, iteration: int, shift: int, low: int) -> tuple:
         """(index, Blocking) per collective of `unmoved` (`_compile`'s) in `iteration`: instructions are values, so
