@@ -630,7 +630,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0,
                      schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None,
                      timing_cache: dict[tuple, float] | None = None,
-                     overlap: OverlapOptions = NO_OVERLAP_CHANGE) -> Program:
+                     overlap: OverlapOptions = NO_OVERLAP_CHANGE, templates: bool = True) -> Program:
     """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0).
 
     `schedule_steps`: `schedule_check.program(schedule)` (every stage's) when the caller lowers several
@@ -662,6 +662,8 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
             gathers[chunk] = [run for run in steps[chunk] if _is_param_gather(run.op)]
             steps[chunk] = [run for run in steps[chunk] if not _is_param_gather(run.op)]
     streams = _Streams(rank, plan, dp_stream=DP_STREAM, overlap=overlap, device=device)
+    if not templates:
+        streams.templates_on = False
     streams.compute.append(Alloc(tuple(t for w in mine.values() for t in w.persistent), "model set-up"))
     # One set of cuBLAS workspaces per rank (its first chunk's), allocated at the first forward and the first
     # backward GEMM the rank runs, whichever chunk that belongs to.
@@ -901,7 +903,7 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
                 device: DeviceSpec, warmup_iterations: int, iterations: int,
                 workload: IterationWorkload | None = None, full: bool = False,
                 overlap: OverlapOptions = NO_OVERLAP_CHANGE,
-                skipped_steps: bool = False) -> tuple[list[Program], dict]:
+                skipped_steps: bool = False, templates: bool = True) -> tuple[list[Program], dict]:
     """One Program per representative rank of `plan` (one per pipeline stage), or per rank with `full`.
 
     Args:
@@ -916,6 +918,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         overlap: which communication overlaps compute (parallel/overlap.py resolve_overlap).
         skipped_steps: pp > 1: every stage's optimizer step is skipped (an fp16 overflow: only the loss scaler's
             kernels run); with pp = 1 the caller passes such a `workload`.
+        templates: make overlapped micro-batch copies from their template (parallel/overlap_templates.py; the
+            programs are the same either way; False: each lowered op by op).
 
     Returns:
         (programs, workloads): programs ordered by stage (by rank with `full`); workloads by stage (IterationWorkload for pp = 1,
@@ -941,7 +945,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
     cache: dict[tuple, float] = {}
     if not full:
         programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations,
-                                     schedule_steps=schedule_steps, timing_cache=cache, overlap=overlap)
+                                     schedule_steps=schedule_steps, timing_cache=cache, overlap=overlap,
+                                     templates=templates)
                     for stage in range(plan.pp)]
         return programs, workloads
     programs = []
@@ -949,5 +954,5 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         c = plan.coords(rank)
         programs.append(lower_stage_rank(plan, schedule, c.pp, workloads, device, warmup_iterations, iterations,
                                          dp=c.dp, tp=c.tp, schedule_steps=schedule_steps, timing_cache=cache,
-                                         overlap=overlap))
+                                         overlap=overlap, templates=templates))
     return programs, workloads
