@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import simulator.api as api
-from simulator.scenario import scenario_from_dict
+from simulator.scenario import load_scenario, scenario_from_dict
 from tests.test_scale_inline import _everything
 
 
@@ -42,3 +45,16 @@ def test_outputs_are_the_same_with_shortcuts_off(doc):
     scenario = scenario_from_dict(doc)
     fast = _everything(api.simulate(scenario))
     assert fast == _everything(api.simulate(scenario, shortcuts=False))
+
+
+SCENARIOS = sorted(path for path in (Path(__file__).resolve().parents[1] / "scenarios").rglob("*.toml")
+                   if "seeds" not in path.parts)
+
+
+@pytest.mark.scale
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda path: path.stem)
+def test_scenario_outputs_are_the_same_with_shortcuts_off(path):
+    # The committed scenario files as a user runs them (their own keys), every output on and off: long (the
+    # cluster-scale files simulate every instruction one simpy step at a time with the shortcuts off).
+    scenario = load_scenario(path)
+    assert _everything(api.simulate(scenario)) == _everything(api.simulate(scenario, shortcuts=False))
