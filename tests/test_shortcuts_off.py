@@ -25,6 +25,8 @@ def _plans(draw) -> dict:
         parallel["virtual_stages"] = 2
     if tp > 1:
         parallel["sequence_parallel"] = draw(st.booleans())
+        if parallel["sequence_parallel"]:
+            parallel["tp_comm_overlap"] = draw(st.booleans())
     if dp > 1:
         parallel["zero_stage"] = draw(st.sampled_from([0, 1]))
     microbatches = draw(st.sampled_from([2, 4])) * pp
@@ -39,7 +41,7 @@ def _plans(draw) -> dict:
             "run": {"warmup_iterations": 1, "iterations": 1, "record_events": True}}
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_plans())
 def test_outputs_are_the_same_with_shortcuts_off(doc):
     scenario = scenario_from_dict(doc)
