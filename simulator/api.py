@@ -233,7 +233,7 @@ def build_workload(scenario: Scenario, device: DeviceSpec) -> IterationWorkload:
 
 
 def simulate(scenario: Scenario, *, timelines: bool = True, events: bool = True,
-             memory_workers: int | None = None) -> Result:
+             memory_workers: int | None = None, shortcuts: bool = True) -> Result:
     """Simulate a scenario and summarize it (the job not fitting is a result, not an error).
 
     `timelines` False: keep no memory samples (`Result.trace.ranks[k].memory` is empty). The report does not
@@ -243,11 +243,16 @@ def simulate(scenario: Scenario, *, timelines: bool = True, events: bool = True,
     only the memory snapshot reads them, and the report is the same byte for byte (tests/test_outputs_asked.py).
     `memory_workers`: processes making the memory calls while the engine runs (0: in this process; None:
     chosen by the run's size and the cores available: simulator/engine/memory_worker.py). Results are the same.
+    `shortcuts` False: none of the exact shortcuts of docs/engine.md (run-ahead, rank lookahead, inlined
+    collectives, repeated periods, repeated stretches, overlapped copies made from a template): every
+    instruction simulated one simpy step at a time, every memory call made on the allocator. Results are the
+    same byte for byte (tests/test_shortcuts_off.py); it exists to show that.
     """
     p = scenario.parallel
     if p.dp * p.tp * p.pp > 1 or _names_topology(scenario):
         _check_plan(scenario, multi=True)
-        return simulate_multi(scenario, timelines=timelines, events=events, memory_workers=memory_workers)
+        return simulate_multi(scenario, timelines=timelines, events=events, memory_workers=memory_workers,
+                              shortcuts=shortcuts)
     _check_plan(scenario)
     cluster = resolve_cluster(scenario)
     _check_device_options(scenario, cluster.device)
@@ -257,7 +262,8 @@ def simulate(scenario: Scenario, *, timelines: bool = True, events: bool = True,
     program = lower_single_rank(workload, device, scenario.run.warmup_iterations, scenario.run.iterations,
                                 recipe.accumulation_steps)
     trace = simulate_programs([program], [_allocator(scenario, cluster, events)],
-                              [cluster.allocator_capacity_bytes], _engine_options(timelines, memory_workers))
+                              [cluster.allocator_capacity_bytes],
+                              _engine_options(timelines, memory_workers, shortcuts))
     report = build_report(scenario, cluster, workload, recipe, trace)
     fraction = scenario.training.skipped_steps_fraction
     if fraction > 0:
@@ -266,7 +272,7 @@ def simulate(scenario: Scenario, *, timelines: bool = True, events: bool = True,
                                     recipe.accumulation_steps)
         skipped = simulate_programs([program], [_allocator(scenario, cluster, False)],
                                     [cluster.allocator_capacity_bytes],
-                                    _engine_options(False, memory_workers))
+                                    _engine_options(False, memory_workers, shortcuts))
         blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     report.update(iteration_interval(report, scenario, cluster, trace))
     return Result(report, trace, scenario)
@@ -311,9 +317,11 @@ def multi_recipe(scenario: Scenario, device: DeviceSpec, topology=None) -> Recip
                                compression_stage=p.gradient_compression_stage)
 
 
-def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOptions:
-    """The engine's options for `simulate(..., timelines, memory_workers)`."""
-    options = EngineOptions()
+def _engine_options(timelines: bool, memory_workers: int | None, shortcuts: bool = True) -> EngineOptions:
+    """The engine's options for `simulate(..., timelines, memory_workers, shortcuts)`."""
+    options = EngineOptions() if shortcuts else EngineOptions(run_ahead=False, rank_lookahead=False,
+                                                               inline_collectives=False, repeats=False,
+                                                               stretches=False)
     if memory_workers is not None:
         if isinstance(memory_workers, bool) or not isinstance(memory_workers, int) \
                 or not 0 <= memory_workers <= MAX_CHOSEN_WORKERS:
@@ -324,10 +332,10 @@ def _engine_options(timelines: bool, memory_workers: int | None) -> EngineOption
 
 
 def simulate_multi(scenario: Scenario, *, timelines: bool = True, events: bool = True,
-                   memory_workers: int | None = None) -> Result:
+                   memory_workers: int | None = None, shortcuts: bool = True) -> Result:
     """Simulate a dp × tp × pp plan on a multi-GPU cluster: one representative rank per pipeline stage
     (`run.full`: every rank; the report still lists the representatives). `timelines`, `events`: as for
-    `simulate`.
+    `simulate`; `shortcuts` too.
 
     With tp = pp = dp = 1 on a one-device cluster this gives the same result as `simulate`.
     Python's cyclic garbage collector is paused meanwhile: a cluster-scale run creates millions of
@@ -337,7 +345,7 @@ def simulate_multi(scenario: Scenario, *, timelines: bool = True, events: bool =
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate_multi(scenario, timelines, events, memory_workers)
+        return _simulate_multi(scenario, timelines, events, memory_workers, shortcuts)
     finally:
         if enabled:
             gc.enable()
@@ -388,7 +396,8 @@ def _multi_setup(scenario: Scenario) -> tuple:
     return cluster, topology, plan, recipe, schedule
 
 
-def _simulate_multi(scenario: Scenario, timelines: bool, events: bool, memory_workers: int | None) -> Result:
+def _simulate_multi(scenario: Scenario, timelines: bool, events: bool, memory_workers: int | None,
+                    shortcuts: bool = True) -> Result:
     """simulate_multi's work, with the garbage collector paused."""
     from simulator.parallel.lower_multi import lower_multi
     from simulator.parallel.overlap import resolve_overlap
@@ -403,10 +412,10 @@ def _simulate_multi(scenario: Scenario, timelines: bool, events: bool, memory_wo
     overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
     programs, workloads = lower_multi(shape, recipe, profile, plan, schedule, device,
                                       scenario.run.warmup_iterations, scenario.run.iterations, workload, full,
-                                      overlap)
+                                      overlap, templates=shortcuts)
     allocators = [_allocator(scenario, cluster, events) for _ in programs]
     trace = simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
-                              _engine_options(timelines, memory_workers), topology=topology, plan=plan)
+                              _engine_options(timelines, memory_workers, shortcuts), topology=topology, plan=plan)
     offload = None
     if recipe.offload is not None:
         from simulator.report.offload import OffloadSummary
@@ -427,10 +436,11 @@ def _simulate_multi(scenario: Scenario, timelines: bool, events: bool, memory_wo
         # The same plan with every optimizer step skipped (the loss scaler's kernels only), simulated alone.
         skipping = dataclasses.replace(workload, optimizer=skipped_step(workload.optimizer)) if workload else None
         others, _ = lower_multi(shape, recipe, profile, plan, schedule, device, scenario.run.warmup_iterations,
-                                scenario.run.iterations, skipping, full, overlap, skipped_steps=True)
+                                scenario.run.iterations, skipping, full, overlap, skipped_steps=True,
+                                templates=shortcuts)
         skipped = simulate_programs(others, [_allocator(scenario, cluster, False) for _ in others],
                                     [cluster.allocator_capacity_bytes] * len(others),
-                                    _engine_options(False, memory_workers), topology=topology, plan=plan)
+                                    _engine_options(False, memory_workers, shortcuts), topology=topology, plan=plan)
         blend_skipped_steps(report, measured_window(skipped, scenario.run.warmup_iterations)[2], fraction)
     report.update(iteration_interval(report, scenario, cluster, shown))
     lifetime.keep(programs, workloads)

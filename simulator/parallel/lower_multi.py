@@ -38,6 +38,7 @@ from itertools import repeat
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.lower import COMPUTE, lower_single_rank, timed_ops
+from simulator.parallel import overlap_templates
 from simulator.parallel.offload_lowering import lower_offload
 from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions
 from simulator.parallel.plan import ParallelPlan
@@ -101,6 +102,7 @@ class _Streams:
     rank: int
     plan: ParallelPlan
     fuse_blocking = True      # a class switch, not a field: False writes every collective as Signal / WaitFor (tests)
+    templates_on = True       # a class switch: False lowers every overlapped micro-batch op by op (tests compare)
     compute: list[Instruction] = field(default_factory=list)
     other: dict[str, list[Instruction]] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)     # dp reductions the compute stream has not waited for
@@ -125,6 +127,8 @@ class _Streams:
     device: DeviceSpec | None = None                    # the rank's GPU (SMs a GEMM keeps beside communication)
     plans: dict[int, tuple] = field(default_factory=dict)    # id(timed ops) -> (them, their Overlaps)
     halves: dict[int, tuple] = field(default_factory=dict)   # id(op) -> (op, split_gemm's halves)
+    # (id(timed ops), iteration, low, reductions outstanding) -> (them, overlap_templates.record's or None)
+    templates: dict[tuple, tuple] = field(default_factory=dict)
     offload_last: dict[str, str] = field(default_factory=dict)   # offload stream -> its last transfer's done event
     offload_done: dict[str, str] = field(default_factory=dict)   # offload transfer name -> its last post's done event
     host_caps: dict[str, float] = field(default_factory=dict)    # host kernel -> bytes/s (offload HostState.caps)
@@ -257,6 +261,9 @@ class _Streams:
             if planned is None or planned[0] is not timed:
                 planned = self.plans[id(timed)] = (timed, self.overlaps_of(timed.ops))
             if planned[1]:
+                if shift and self.templates_on and not self.first_gemm and self._templated(
+                        timed, planned[1], iteration, shift, low):
+                    return
                 self.overlapped([new_run(Run, (op, duration_s, iteration, shift, low)) for op, duration_s in timed.pairs],
                                 planned[1])
                 return
@@ -293,6 +300,26 @@ class _Streams:
         start = len(self.compute)
         self.compute += runs
         self.copies.append((start, len(self.compute), timed, iteration, low, specials))
+
+    def _templated(self, timed: _TimedOps, overlaps: tuple[Overlap, ...], iteration: int, shift: int,
+                   low: int) -> bool:
+        """`overlapped` for a moved copy from the template of its ops (parallel/overlap_templates.py), lowered once
+        per (ops, iteration, low, reductions outstanding); False (nothing done) when they cannot have one."""
+        key = (id(timed), iteration, low, bool(self.pending))
+        found = self.templates.get(key)
+        if found is None or found[0] is not timed:
+            template = None
+            if overlap_templates.templatable(timed.ops):
+                scratch = _Streams(self.rank, self.plan, pending=list(self.pending), dp_stream=self.dp_stream,
+                                   groups=self.groups, overlap=self.overlap, device=self.device, halves=self.halves)
+                template = overlap_templates.record(scratch, [
+                    new_run(Run, (op, duration_s, iteration, overlap_templates.MARK, low))
+                    for op, duration_s in timed.pairs], overlaps)
+            found = self.templates[key] = (timed, template)
+        if found[1] is None:
+            return False
+        overlap_templates.apply(found[1], self, shift)
+        return True
 
     def _unmoved_blockings(self, unmoved: tuple, iteration: int, shift: int, low: int) -> tuple:
         """(index, Blocking) per collective of `unmoved` (`_compile`'s) in `iteration`: instructions are values, so
@@ -603,7 +630,7 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0,
                      schedule_steps: tuple[tuple[Action | CommStep, ...], ...] | None = None,
                      timing_cache: dict[tuple, float] | None = None,
-                     overlap: OverlapOptions = NO_OVERLAP_CHANGE) -> Program:
+                     overlap: OverlapOptions = NO_OVERLAP_CHANGE, templates: bool = True) -> Program:
     """The program of rank (dp, stage, tp); by default the stage's representative (dp = tp = 0).
 
     `schedule_steps`: `schedule_check.program(schedule)` (every stage's) when the caller lowers several
@@ -635,6 +662,8 @@ def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
             gathers[chunk] = [run for run in steps[chunk] if _is_param_gather(run.op)]
             steps[chunk] = [run for run in steps[chunk] if not _is_param_gather(run.op)]
     streams = _Streams(rank, plan, dp_stream=DP_STREAM, overlap=overlap, device=device)
+    if not templates:
+        streams.templates_on = False
     streams.compute.append(Alloc(tuple(t for w in mine.values() for t in w.persistent), "model set-up"))
     # One set of cuBLAS workspaces per rank (its first chunk's), allocated at the first forward and the first
     # backward GEMM the rank runs, whichever chunk that belongs to.
@@ -874,7 +903,7 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
                 device: DeviceSpec, warmup_iterations: int, iterations: int,
                 workload: IterationWorkload | None = None, full: bool = False,
                 overlap: OverlapOptions = NO_OVERLAP_CHANGE,
-                skipped_steps: bool = False) -> tuple[list[Program], dict]:
+                skipped_steps: bool = False, templates: bool = True) -> tuple[list[Program], dict]:
     """One Program per representative rank of `plan` (one per pipeline stage), or per rank with `full`.
 
     Args:
@@ -889,6 +918,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         overlap: which communication overlaps compute (parallel/overlap.py resolve_overlap).
         skipped_steps: pp > 1: every stage's optimizer step is skipped (an fp16 overflow: only the loss scaler's
             kernels run); with pp = 1 the caller passes such a `workload`.
+        templates: make overlapped micro-batch copies from their template (parallel/overlap_templates.py; the
+            programs are the same either way; False: each lowered op by op).
 
     Returns:
         (programs, workloads): programs ordered by stage (by rank with `full`); workloads by stage (IterationWorkload for pp = 1,
@@ -914,7 +945,8 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
     cache: dict[tuple, float] = {}
     if not full:
         programs = [lower_stage_rank(plan, schedule, stage, workloads, device, warmup_iterations, iterations,
-                                     schedule_steps=schedule_steps, timing_cache=cache, overlap=overlap)
+                                     schedule_steps=schedule_steps, timing_cache=cache, overlap=overlap,
+                                     templates=templates)
                     for stage in range(plan.pp)]
         return programs, workloads
     programs = []
@@ -922,5 +954,5 @@ def lower_multi(shape: Shape, recipe: Recipe, profile: KernelProfile, plan: Para
         c = plan.coords(rank)
         programs.append(lower_stage_rank(plan, schedule, c.pp, workloads, device, warmup_iterations, iterations,
                                          dp=c.dp, tp=c.tp, schedule_steps=schedule_steps, timing_cache=cache,
-                                         overlap=overlap))
+                                         overlap=overlap, templates=templates))
     return programs, workloads
