@@ -107,6 +107,11 @@ def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = ()
         for n in range(times):
             copy = times - 1 - n if descending else n
             for op in block:
+                # An op that frees tensors of layers beyond its neighbours releases what the micro-batch saved
+                # (a W pass's end frees every layer's recomputed activations): the middle layer's stand for
+                # every copy.
+                spread = base is not None and any(
+                    canon.get(tid, (0, None))[1] is not None and abs(canon[tid][1] - base) > 1 for tid in op.frees)
                 if op.op_class == GEMM:
                     # The cuBLAS workspaces are allocated at a rank's first forward GEMM and its first other one.
                     group = "forward" if op.phase == FORWARD else "backward"
@@ -118,7 +123,7 @@ def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = ()
                     for key in _identities(canon, tid, base, copy, place, copies):
                         out.append((True, key, tensors[tid].nbytes, stream, tensors[tid].category))
                 for tid in op.frees:
-                    for key in _identities(canon, tid, base, copy, place, copies):
+                    for key in _identities(canon, tid, None if spread else base, copy, place, copies):
                         out.append((False, key, 0, 0, ""))
         k = j
     for tid in extra_after:
