@@ -173,8 +173,12 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
     if not keep_output and profile.sent_output_bytes:
         forward = forward.freeing(profile.sent_output_bytes)
 
+    # A whole model's micro-batch is one lowering list (the host-issue clock runs on from its forward into its
+    # backward); a pipeline stage's F, B and W are one each.
+    margin_s = profile.forward.end_margin_s(layers) if key.kind == WHOLE else 0.0
+
     def backward(blocks) -> Segment:
-        segment = blocks.for_layers(layers).allocating(profile.before_backward_bytes)
+        segment = blocks.for_layers(layers, margin_s).allocating(profile.before_backward_bytes)
         return segment.freeing(profile.after_backward_bytes + profile.input_grad_bytes)
 
     def weight(blocks) -> Segment | None:
