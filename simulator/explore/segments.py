@@ -202,10 +202,10 @@ class Issue:
         return Issue(kernel, host, gpu, restart, phase, posts)
 
 
-def issued(runs: list[Issue], margin_s: float = 0.0):
+def issued(runs: list[Issue], margin_s: float = 0.0, per_run: bool = False):
     """The runs one after the other on the host-issue clock, from a moment the GPU is `margin_s` ahead of the host
     (0: in step): (phase_s, overlapped reductions with their post times, the GPU's margin over the host at the
-    end). The closed form of host_issue.host_issued's recursion E_i = max(E_(i-1), H_i) + k_i, with the host
+    end); `per_run`: each run's seconds instead. The closed form of host_issue.host_issued's recursion E_i = max(E_(i-1), H_i) + k_i, with the host
     clock H the running sum of host seconds: E_i = C_i + max(E_0, max over j <= i of H_j - C_(j-1)), C the
     running sum of kernel seconds."""
     kernel = np.concatenate([r.kernel_s for r in runs])
@@ -225,6 +225,9 @@ def issued(runs: list[Issue], margin_s: float = 0.0):
         ends = c + np.maximum(lead, margin)
         durations[a:b] = np.diff(ends, prepend=margin)
         margin = float(ends[-1] - h[-1]) if b > a else margin
+    if per_run:
+        bounds = np.cumsum([0] + [len(r.kernel_s) for r in runs])
+        return [float(durations[a:b].sum()) for a, b in zip(bounds, bounds[1:])]
     sums = np.bincount(phase[gpu], weights=durations[gpu], minlength=len(PHASE_ORDER))
     present = np.bincount(phase[gpu], minlength=len(PHASE_ORDER))
     phase_s = tuple((key, float(sums[n])) for n, key in enumerate(PHASE_ORDER) if present[n])
@@ -282,6 +285,11 @@ class Blocks:
         if count != len(layers):
             layers = [layers[0]] + [layers[1]] * (count - 2) + [layers[2]]
         return [before] + layers + [after]
+
+    def run_seconds(self, count: int, margin_s: float = 0.0) -> list[float] | None:
+        """Seconds of each run of the action with `count` layers (before, each layer, after) on the host-issue
+        clock (None without `issue`)."""
+        return None if self.issue is None else issued(self.issue_runs(count), margin_s, per_run=True)
 
     def end_margin_s(self, count: int, margin_s: float = 0.0) -> float:
         """How far the GPU is ahead of the host at the end of the action with `count` layers (0 without `issue`)."""
