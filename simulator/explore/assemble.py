@@ -106,9 +106,12 @@ def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkP
     kind = _kind(span, pp)
     layers = span.stop - span.start
     in_profile_dp = kind == WHOLE and recipe.dp > 1 and recipe.zero_stage >= 2
-    # Offload is left out (the report says so): the profile is the plan's ops without it.
+    # Offload is left out (the report says so): the profile is the plan's ops without it. A whole model of one
+    # micro-batch is recorded with one: that micro-batch both creates .grad and synchronises, as no first or
+    # later one of two does.
+    recorded_microbatches = 1 if kind == WHOLE and recipe.accumulation_steps == 1 else PROFILE_MICROBATCHES
     profile_recipe = dataclasses.replace(
-        recipe, accumulation_steps=PROFILE_MICROBATCHES, offload=None,
+        recipe, accumulation_steps=recorded_microbatches, offload=None,
         dp=recipe.dp if in_profile_dp else 1, zero_stage=recipe.zero_stage if in_profile_dp else 0)
     split = prepared.schedule.split_backward and pp > 1
     stage_input = None
