@@ -107,3 +107,10 @@ def test_gradient_buckets_are_ready_on_the_host_issue_clock():
     assert sum(run.compute_s for run in model.backward_runs) == pytest.approx(model.backward_later.compute_s,
                                                                               rel=1e-12)
     assert model.buckets[-1].ready_s == pytest.approx(model.backward_later.compute_s, rel=1e-12)
+
+
+def test_agreement_index_out_of_the_sample_is_one_line(capsys):
+    from simulator.explore.agreement import main
+
+    assert main(["--plans", "3", "--index", "5"]) == 2
+    assert capsys.readouterr().err == "agreement: error: --index 5: must be in 0..2 (--plans 3)\n"
