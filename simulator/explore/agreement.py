@@ -2,6 +2,7 @@
 multi_gpu_scenarios): iteration time and peak memory errors, the same fit verdict, Kendall's tau of iteration time.
 
     python3 -m simulator.explore.agreement --plans 300 --seed 0 --executor local:2      # the table of docs/explore.md
+    python3 -m simulator.explore.agreement --plans 300 --seed 0 --index 64 --index 299  # two plans of that sample
 """
 
 from __future__ import annotations
@@ -175,7 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--executor", default="local:1")
     parser.add_argument("--worst", type=int, default=10, help="also list the N plans with the largest errors")
+    parser.add_argument("--index", type=int, action="append", default=[],
+                        help="only plan K of the --plans drawn (repeatable): one outlier looked into alone")
     args = parser.parse_args(argv)
+    documents = draw_documents(args.plans, args.seed)
+    bad = [k for k in args.index if not 0 <= k < len(documents)]
+    if bad:
+        sys.stderr.write(f"agreement: error: --index {bad[0]}: must be in 0..{len(documents) - 1} (--plans "
+                         f"{args.plans})\n")
+        return 2
+    if args.index:
+        documents = [documents[k] for k in args.index]
     from simulator.explore.executors import open_executor
 
     try:
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"agreement: error: {error}\n")
         return 2
     try:
-        pairs = measure(draw_documents(args.plans, args.seed), None if pool.in_process else pool)
+        pairs = measure(documents, None if pool.in_process else pool)
     finally:
         pool.close()
     sys.stdout.write(table(summarize(pairs)))

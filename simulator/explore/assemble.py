@@ -265,7 +265,10 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             durations = [network.collective_s(b.kind, groups["dp"][0], b.nbytes, groups["dp"][1]) for b in model.buckets] \
                 if network is not None and plan.dp > 1 else [0.0] * len(model.buckets)
             reductions += sum(durations)
-            by_slot = {F: fwd, B_FIRST: b_first, B_LATER: b_later, B_SYNC: b_later}
+            # A whole model of one micro-batch: that backward is a first one (it creates .grad), not a later one
+            # (which accumulates into it); the reductions are the buckets' unless the profile recorded them.
+            only = pp == 1 and recipe.accumulation_steps == 1 and found[(r, c)][1].key.recipe.dp == 1
+            by_slot = {F: fwd, B_FIRST: b_first, B_LATER: b_later, B_SYNC: b_first if only else b_later}
             if w_first is not None:
                 by_slot.update({W_FIRST: w_first, W_LATER: w_later, W_SYNC: w_later})
             counts = structure.action_counts[r, c]

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from simulator.hardware.catalog import DeviceSpec
+from simulator.parallel.host_issue import host_active, host_costs
 from simulator.parallel.lower import timed_ops
 from simulator.workload.graph import ACTIVATIONS, COMMUNICATION_BUFFERS, OTHER, PARAMETERS, Op, Tensor
 from simulator.workload.primitives import KernelProfile
@@ -146,7 +147,10 @@ def _timed(ops: tuple[Op, ...] | list[Op], tensors: dict[int, Tensor], device: D
 
 def _blocks(ops, tensors, device, cache, key: ProfileKey | None = None, lists: tuple | None = None) -> Blocks:
     """The Blocks of `ops`; with `key` asking for tensor-parallel overlap, each op list of `lists` (the lowering's
-    separate lists that make up `ops`: a backward and its weight-gradient ops) gets tp_overlap's pairs."""
+    separate lists that make up `ops`: a backward and its weight-gradient ops) gets tp_overlap's pairs. Without
+    it, the Blocks keep each op's kernel and host seconds, so that any layer count is timed on the host-issue
+    clock over its whole list (segments.Issue); with it, the recorded issued times (the overlap scales a GEMM's
+    issued time, host wait included, as lower_multi does)."""
     listed, durations = _timed(ops, tensors, device, cache)
     beside = None
     if key is not None and any(key.tp_overlap) and key.recipe.tp > 1:
@@ -155,7 +159,21 @@ def _blocks(ops, tensors, device, cache, key: ProfileKey | None = None, lists: t
         for part in (lists if lists is not None else (ops,)):
             _pair(listed, durations, beside, base, len(part), key, device)
             base += len(part)
-    return blocks_of(listed, durations, tensors, beside)
+    issue = None
+    if beside is None and host_active(device):
+        kernels = [run.duration_s for run in timed_ops(list(ops), tensors, _without_host(device), 0, cache)]
+        starts, base = set(), 0
+        for part in (lists if lists is not None else (ops,)):
+            starts.add(base)
+            base += len(part)
+        issue = (kernels, host_costs(listed, device), starts)
+    return blocks_of(listed, durations, tensors, beside, issue)
+
+
+def _without_host(device: DeviceSpec) -> DeviceSpec:
+    """`device` with launches that cost the host nothing: timed_ops then gives the kernels' own seconds."""
+    return dataclasses.replace(device, host_forward_op_s=0.0, host_backward_op_s=0.0, host_checkpoint_s=0.0,
+                               host_optimizer_tensor_s=0.0)
 
 
 def _pair(ops: list[Op], durations: list[float], beside: list, base: int, count: int, key: ProfileKey,

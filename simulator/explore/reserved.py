@@ -3,7 +3,8 @@ action of its schedule for a warm-up and a measured iteration, the optimizer ste
 simulator's allocator (engine/caching_allocator.py, with its capacity and settings) without running anything
 else. The calls are the profile's recorded ops (profiles.ReplayOps) with a stage's middle layer repeated to its
 layer count; the streams are the engine's (compute; tensor-parallel and data-parallel collectives on their
-communication streams; received tensors on the receive stream), so the allocator keeps their pools apart.
+communication streams, one shared at pp = 1; received tensors on the receive stream), so the allocator
+keeps their pools apart.
 
 What is left out (so reserved can differ a little from a simulation's): when the send stream frees a sent tensor
 (here: at the end of the action that produced it), and the exact moment workspaces are first allocated (here: at
@@ -22,6 +23,7 @@ from simulator.errors import PlanError
 from simulator.parallel.schedules import SCHEDULE_NAMES, Schedule, by_name
 from simulator.workload.graph import COLLECTIVE, FORWARD, GEMM, GRADIENTS, Op
 
+from simulator.explore.profiles import WHOLE
 from simulator.explore.segments import run_layers
 
 _LAYER = re.compile(r"layers\.(\d+)")
@@ -68,12 +70,15 @@ def _canon(replay, ops_lists, recorded_layers: tuple[int, ...]):
 
 
 def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = (), extra_after: tuple = (),
-           sent: tuple = ()) -> Calls:
+           sent: tuple = (), one_comm: bool = False, sizes: dict | None = None) -> Calls:
     """The memory calls of one action of a chunk of `layers` layers, from its recording.
 
     `extra_before` / `extra_after`: tensor ids (of this micro-batch kind) allocated before / freed after the ops,
-    as (id, stream) / id.
+    as (id, stream) / id. `one_comm`: data-parallel collectives share the tensor-parallel ones' stream (pp = 1:
+    lower_multi.lower_data_tensor_parallel). `sizes`: bytes by tensor name where the chunk's differ from the
+    recording's (ZeRO's gradient shard: the recording's is its layers').
     """
+    sizes = sizes or {}
     ops = replay.ops.get((kind, action), ())
     all_ops = [replay.ops.get((kind, a), ()) for a in ("forward", "backward", "weight")]
     recorded = tuple(sorted({op.layer for lst in all_ops for op in lst if op.layer >= 0}))
@@ -107,6 +112,11 @@ def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = ()
         for n in range(times):
             copy = times - 1 - n if descending else n
             for op in block:
+                # An op that frees tensors of layers beyond its neighbours releases what the micro-batch saved
+                # (a W pass's end frees every layer's recomputed activations): the middle layer's stand for
+                # every copy.
+                spread = base is not None and any(
+                    canon.get(tid, (0, None))[1] is not None and abs(canon[tid][1] - base) > 1 for tid in op.frees)
                 if op.op_class == GEMM:
                     # The cuBLAS workspaces are allocated at a rank's first forward GEMM and its first other one.
                     group = "forward" if op.phase == FORWARD else "backward"
@@ -114,11 +124,14 @@ def expand(replay, kind: str, action: str, layers: int, extra_before: tuple = ()
                         marked.add(group)
                         out.append((True, WORKSPACE, 0, 0, group))
                 stream = _stream(op)
+                if one_comm and stream == COMM_DP:
+                    stream = COMM
                 for tid in op.allocs:
+                    nbytes = sizes.get(tensors[tid].name, tensors[tid].nbytes)
                     for key in _identities(canon, tid, base, copy, place, copies):
-                        out.append((True, key, tensors[tid].nbytes, stream, tensors[tid].category))
+                        out.append((True, key, nbytes, stream, tensors[tid].category))
                 for tid in op.frees:
-                    for key in _identities(canon, tid, base, copy, place, copies):
+                    for key in _identities(canon, tid, None if spread else base, copy, place, copies):
                         out.append((False, key, 0, 0, ""))
         k = j
     for tid in extra_after:
@@ -302,7 +315,8 @@ def action_calls(model, profile, mb_kind: str, action: str, keep_output: bool) -
         after, sent = replay.after_backward[mb_kind], grads
     else:
         before, after, sent = (), replay.after_weight[mb_kind], ()
-    return expand(replay, mb_kind, action, model.layers, before, after, sent)
+    sizes = {"dp.grad_shard": model.grad_shard_bytes} if model.grad_shard_bytes != profile.grad_shard_bytes else {}
+    return expand(replay, mb_kind, action, model.layers, before, after, sent, profile.key.kind == WHOLE, sizes)
 
 
 def _grads_of(replay, mb_kind: str) -> tuple[int, ...]:

@@ -6,7 +6,9 @@ by the sum of their deltas, and the highest level above the start is the first's
 delta plus the second's excursion. A stage of L layers is its recording's ops before the layers, its first
 layer, L - 2 copies of a middle layer and its last layer, then the ops after the layers: the layers of one
 stage are the same modules, so a middle layer's ops cost, allocate and free the same (tests/test_estimate.py
-checks the extrapolation against stages recorded with every layer).
+checks the extrapolation against stages recorded with every layer). Their time is the host-issue clock's over the
+extrapolated op list (`Issue`, `issued`): what the GPU waits for the host that launches its kernels grows with the
+layers, so it is not a recorded layer's (tests/test_estimate_agreement.py checks it against simulations).
 """
 
 from __future__ import annotations
@@ -141,9 +143,7 @@ def summarize(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
             if paired is not None:
                 collectives[(group, kind, int(op.comm_bytes), paired[0], paired[1])] += 1
                 continue
-            # As the lowering decides (lower_multi._lower_collective): Op.placement first, else by kind.
-            if group == "dp" and (op.placement == OVERLAPPED or (
-                    kind in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING)):
+            if _is_overlapped(op):
                 overlapped.append((kind, int(op.comm_bytes), elapsed))
             elif group in waited_groups:
                 collectives[(group, kind, int(op.comm_bytes))] += 1
@@ -155,6 +155,90 @@ def summarize(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
             flops += op.flops
     return Segment(tuple(sorted(phases.items())), int(after[-1]), excursion, tuple(sorted(collectives.items())),
                    tuple(overlapped), flops)
+
+
+def _is_overlapped(op: Op) -> bool:
+    """A data-parallel reduction posted and not waited for, as the lowering decides (lower_multi._lower_collective):
+    Op.placement first, else by kind."""
+    group = op.group if op.group in ("tp", "dp") else "tp"
+    kind = op.collective or "all_reduce"
+    return group == "dp" and (op.placement == OVERLAPPED or (
+        kind in ("all_reduce", "reduce_scatter") and op.placement != BLOCKING))
+
+
+PHASE_ORDER = ("backward_s", "forward_s", "optimizer_s", "recompute_s")
+
+
+@dataclass(frozen=True)
+class Issue:
+    """The host-issue clock's inputs for one run of ops (parallel/host_issue.py), so that a stage's actions can be
+    timed as the lowering times them with any number of layers: the host falls behind the GPU (or gets ahead)
+    over the whole list, not over the three recorded layers. Per op: its kernel seconds (0 for a collective or
+    an offload copy, which do not wait here), its launch's host seconds, where a new lowering list starts (host
+    and GPU back in step), its phase key (PHASE_ORDER) and, for a data-parallel reduction posted and not waited
+    for, its (kind, bytes)."""
+
+    kernel_s: np.ndarray
+    host_s: np.ndarray
+    gpu: np.ndarray
+    restart: np.ndarray
+    phase: np.ndarray
+    posts: tuple[tuple[int, tuple[str, int]], ...]     # (index in this run, (kind, bytes))
+
+    @staticmethod
+    def of(ops, kernels: list[float], costs: list[tuple[float, float]], restarts: set[int],
+           indices) -> "Issue":
+        """The Issue of ops[i] for i in `indices` (`kernels`, `costs`: per op of the whole list; `restarts`: indices
+        where a lowering list starts)."""
+        from simulator.parallel.host_issue import on_gpu
+
+        indices = list(indices)
+        gpu = np.array([on_gpu(ops[i]) for i in indices], dtype=bool)
+        kernel = np.array([kernels[i] for i in indices], dtype=float) * gpu
+        host = np.array([costs[i][0] + costs[i][1] for i in indices], dtype=float)
+        restart = np.array([i in restarts for i in indices], dtype=bool)
+        phase = np.array([PHASE_ORDER.index(PHASE_KEYS.get(ops[i].phase, "forward_s")) for i in indices],
+                         dtype=np.int64)
+        posts = tuple((k, (ops[i].collective or "all_reduce", int(ops[i].comm_bytes))) for k, i in enumerate(indices)
+                      if ops[i].op_class == COLLECTIVE and _is_overlapped(ops[i]))
+        return Issue(kernel, host, gpu, restart, phase, posts)
+
+
+def issued(runs: list[Issue], margin_s: float = 0.0, per_run: bool = False):
+    """The runs one after the other on the host-issue clock, from a moment the GPU is `margin_s` ahead of the host
+    (0: in step): (phase_s, overlapped reductions with their post times, the GPU's margin over the host at the
+    end); `per_run`: each run's seconds instead. The closed form of host_issue.host_issued's recursion E_i = max(E_(i-1), H_i) + k_i, with the host
+    clock H the running sum of host seconds: E_i = C_i + max(E_0, max over j <= i of H_j - C_(j-1)), C the
+    running sum of kernel seconds."""
+    kernel = np.concatenate([r.kernel_s for r in runs])
+    host = np.concatenate([r.host_s for r in runs])
+    gpu = np.concatenate([r.gpu for r in runs])
+    restart = np.concatenate([r.restart for r in runs])
+    phase = np.concatenate([r.phase for r in runs])
+    durations = np.zeros(len(kernel))
+    cuts = [0] + [int(i) for i in np.flatnonzero(restart) if i > 0] + [len(kernel)]
+    margin = margin_s
+    for a, b in zip(cuts, cuts[1:]):
+        if a > 0:
+            margin = 0.0                                  # a new list: host and GPU in step
+        k, h = kernel[a:b], np.cumsum(host[a:b])
+        c = np.cumsum(k)
+        lead = np.maximum.accumulate(np.where(gpu[a:b], h - (c - k), -np.inf))
+        ends = c + np.maximum(lead, margin)
+        durations[a:b] = np.diff(ends, prepend=margin)
+        margin = float(ends[-1] - h[-1]) if b > a else margin
+    if per_run:
+        bounds = np.cumsum([0] + [len(r.kernel_s) for r in runs])
+        return [float(durations[a:b].sum()) for a, b in zip(bounds, bounds[1:])]
+    sums = np.bincount(phase[gpu], weights=durations[gpu], minlength=len(PHASE_ORDER))
+    present = np.bincount(phase[gpu], minlength=len(PHASE_ORDER))
+    phase_s = tuple((key, float(sums[n])) for n, key in enumerate(PHASE_ORDER) if present[n])
+    elapsed = np.cumsum(durations)
+    overlapped, base = [], 0
+    for r in runs:
+        overlapped += [(kind, nbytes, float(elapsed[base + k])) for k, (kind, nbytes) in r.posts]
+        base += len(r.kernel_s)
+    return phase_s, tuple(overlapped), margin
 
 
 @dataclass(frozen=True)
@@ -172,19 +256,46 @@ class Blocks:
     # autocast cache of the layers' weights, released at the end of a forward): every middle layer has them.
     before_middle_bytes: int = 0
     after_middle_bytes: int = 0
+    # The host-issue clock's inputs of before, each layer and after (None: the recorded times are kept, as where
+    # tensor-parallel overlap scales a GEMM's issued time).
+    issue: tuple[Issue, ...] | None = None
 
-    def for_layers(self, count: int) -> Segment:
+    def for_layers(self, count: int, margin_s: float = 0.0) -> Segment:
         """The action's Segment with `count` layers: exact when `count` is what was recorded, else (three
-        recorded) the first layer, count - 2 middle ones and the last."""
+        recorded) the first layer, count - 2 middle ones and the last. With `issue`, its time is the host-issue
+        clock's over those ops from a GPU `margin_s` ahead of the host (the lowering's list may have begun
+        before this action: a whole-model micro-batch's forward and backward are one list)."""
         if count == len(self.layers):
-            return self.before.then(chain(self.layers)).then(self.after)
-        if len(self.layers) == 3 and count > 3:
+            segment = self.before.then(chain(self.layers)).then(self.after)
+        elif len(self.layers) == 3 and count > 3:
             first, mid, last = self.layers
             middle = first.then(mid.repeated(count - 2)).then(last)
             extra = count - 3
-            return _with_more(self.before, extra * self.before_middle_bytes).then(middle).then(
+            segment = _with_more(self.before, extra * self.before_middle_bytes).then(middle).then(
                 _with_more(self.after, extra * self.after_middle_bytes))
-        raise ValueError(f"Blocks recorded with {len(self.layers)} layers cannot give {count}")
+        else:
+            raise ValueError(f"Blocks recorded with {len(self.layers)} layers cannot give {count}")
+        if self.issue is None:
+            return segment
+        phase_s, overlapped, _ = issued(self.issue_runs(count), margin_s)
+        return Segment(phase_s, segment.delta_bytes, segment.excursion_bytes, segment.collectives, overlapped,
+                       segment.model_flops)
+
+    def issue_runs(self, count: int) -> list[Issue]:
+        """The Issue runs of the action with `count` layers, in order (None without `issue`)."""
+        before, *layers, after = self.issue
+        if count != len(layers):
+            layers = [layers[0]] + [layers[1]] * (count - 2) + [layers[2]]
+        return [before] + layers + [after]
+
+    def run_seconds(self, count: int, margin_s: float = 0.0) -> list[float] | None:
+        """Seconds of each run of the action with `count` layers (before, each layer, after) on the host-issue
+        clock (None without `issue`)."""
+        return None if self.issue is None else issued(self.issue_runs(count), margin_s, per_run=True)
+
+    def end_margin_s(self, count: int, margin_s: float = 0.0) -> float:
+        """How far the GPU is ahead of the host at the end of the action with `count` layers (0 without `issue`)."""
+        return 0.0 if self.issue is None else issued(self.issue_runs(count), margin_s)[2]
 
 
 def _with_more(segment: Segment, nbytes: int) -> Segment:
@@ -211,13 +322,19 @@ def run_layers(ops) -> list[int]:
 
 
 def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: dict[int, Tensor],
-              beside: list | None = None) -> Blocks:
+              beside: list | None = None, issue: tuple | None = None) -> Blocks:
     """Cut an action's ops into the runs before the layers, per layer, and after (ops of no layer between two
-    layers' ops go with the run they follow). `beside`: as for summarize."""
+    layers' ops go with the run they follow). `beside`: as for summarize. `issue`: (kernel seconds, host
+    costs as host_issue.host_costs gives them, indices where a lowering list starts) per op, for Blocks.issue."""
     layers = run_layers(ops)
     layered = [i for i, layer in enumerate(layers) if layer >= 0]
+
+    def issues(parts) -> tuple[Issue, ...] | None:
+        return None if issue is None else tuple(Issue.of(ops, *issue, part) for part in parts)
+
     if not layered:
-        return Blocks(summarize(ops, durations, tensors, beside=beside), (), Segment())
+        return Blocks(summarize(ops, durations, tensors, beside=beside), (), Segment(),
+                      issue=issues([range(len(ops)), range(0)]))
     first, last = layered[0], layered[-1]
     runs: list[list[int]] = []
     current = None
@@ -247,4 +364,4 @@ def blocks_of(ops: list[Op] | tuple[Op, ...], durations: list[float], tensors: d
 
     before, after = range(first), range(last + 1, len(ops))
     return Blocks(part(before), tuple(part(run) for run in runs), part(after), middle_bytes(before),
-                  middle_bytes(after))
+                  middle_bytes(after), issues([before, *runs, after]))

@@ -9,6 +9,7 @@ ZeRO shards — is made for the chunk's real parameter list by the workload's ow
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -136,16 +137,21 @@ def _copy(nbytes: int, dtype: str) -> Op:
     return Op("dp.copy", COPY, BACKWARD_INPUT, bytes_read=nbytes, bytes_written=nbytes, dtype=dtype)
 
 
-def backward_runs(profile: ChunkProfile, layers: int) -> list[Segment]:
+def backward_runs(profile: ChunkProfile, layers: int, margin_s: float = 0.0) -> list[Segment]:
     """The synchronising backward's runs in order: the ops before the layers (the head), each layer (the chunk's
-    last first), the ops after (the embedding)."""
+    last first), the ops after (the embedding); timed on the host-issue clock where the profile can
+    (segments.Blocks.run_seconds, from a GPU `margin_s` ahead of the host)."""
     blocks = profile.backward_later
     if layers == len(blocks.layers):
         per_layer = list(blocks.layers)
     else:
         first, mid, last = blocks.layers
         per_layer = [first] + [mid] * (layers - 2) + [last]
-    return [blocks.before] + per_layer + [blocks.after]
+    runs = [blocks.before] + per_layer + [blocks.after]
+    seconds = blocks.run_seconds(layers, margin_s)
+    if seconds is None:
+        return runs
+    return [dataclasses.replace(run, phase_s=(("backward_s", s),)) for run, s in zip(runs, seconds)]
 
 
 def _landing_run(params: list[ParamSpec], layers: int) -> list[int]:
@@ -173,8 +179,12 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
     if not keep_output and profile.sent_output_bytes:
         forward = forward.freeing(profile.sent_output_bytes)
 
+    # A whole model's micro-batch is one lowering list (the host-issue clock runs on from its forward into its
+    # backward); a pipeline stage's F, B and W are one each.
+    margin_s = profile.forward.end_margin_s(layers) if key.kind == WHOLE else 0.0
+
     def backward(blocks) -> Segment:
-        segment = blocks.for_layers(layers).allocating(profile.before_backward_bytes)
+        segment = blocks.for_layers(layers, margin_s).allocating(profile.before_backward_bytes)
         return segment.freeing(profile.after_backward_bytes + profile.input_grad_bytes)
 
     def weight(blocks) -> Segment | None:
@@ -182,7 +192,7 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
 
     backward_first, backward_later = backward(profile.backward_first), backward(profile.backward_later)
     params = _params_for(profile, layers)
-    sync_runs = backward_runs(profile, layers)
+    sync_runs = backward_runs(profile, layers, margin_s)
     ids = IdSource(1)
     tensors: dict[int, Tensor] = {}
     refs = [SimpleNamespace(shape=p.shape, dtype=p.dtype) for p in params]

@@ -47,6 +47,23 @@ def host_active(device: DeviceSpec) -> bool:
                 or device.host_checkpoint_s)
 
 
+def host_costs(ops: list[Op], device: DeviceSpec) -> list[tuple[float, float]]:
+    """Per op of one list, in order: (its launch's host seconds, torch.utils.checkpoint's seconds when it starts a
+    recomputed region, else 0)."""
+    out = []
+    previous = ""
+    for op in ops:
+        starts = op.phase == RECOMPUTE and previous != RECOMPUTE
+        out.append((host_cost_s(op, device), device.host_checkpoint_s if starts else 0.0))
+        previous = op.phase
+    return out
+
+
+def on_gpu(op: Op) -> bool:
+    """Whether `op`'s run waits for the host here (collectives and offload traffic are timed on their streams)."""
+    return not (op.op_class == COLLECTIVE or op.op_class in OFFLOAD_CLASSES)
+
+
 def host_issued(runs: list[Run], device: DeviceSpec) -> list[Run]:
     """`runs` (one op list, in order) with each duration grown by the time the GPU waits for the host to launch it.
 
@@ -61,14 +78,12 @@ def host_issued(runs: list[Run], device: DeviceSpec) -> list[Run]:
         return runs
     host = gpu = 0.0
     out: list[Run] = []
-    previous = ""
-    for run in runs:
+    for run, (cost, checkpoint) in zip(runs, host_costs([run.op for run in runs], device)):
         op = run.op
-        host += host_cost_s(op, device)
-        if op.phase == RECOMPUTE and previous != RECOMPUTE:
-            host += device.host_checkpoint_s
-        previous = op.phase
-        if op.op_class == COLLECTIVE or op.op_class in OFFLOAD_CLASSES:
+        host += cost
+        if checkpoint:
+            host += checkpoint
+        if not on_gpu(op):
             out.append(run)           # timed on its own stream (network model, offload transfers)
             continue
         end = max(gpu, host) + run.duration_s
@@ -112,4 +127,4 @@ def run_device(scenario, device: DeviceSpec) -> DeviceSpec:
                                host_optimizer_tensor_s=0.0)
 
 
-__all__ = ["host_active", "host_cost_s", "host_issued", "run_device"]
+__all__ = ["host_active", "host_cost_s", "host_costs", "host_issued", "on_gpu", "run_device"]
