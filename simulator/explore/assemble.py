@@ -44,9 +44,13 @@ class Caches:
     def network(self, topology) -> NetworkCosts | None:
         if topology is None:
             return None
-        found = self.networks.get(id(topology))
-        if found is None or found.topology is not topology:
-            found = self.networks[id(topology)] = NetworkCosts(topology)
+        # Keyed by the topology's value (its server and fabric): each scenario loads its own equal Topology, and
+        # equal topologies have the same routes and collective times, so plans share one NetworkCosts (and the
+        # first Topology's route and derived caches) instead of recomputing them per plan.
+        key = (topology.server, topology.fabric)
+        found = self.networks.get(key)
+        if found is None:
+            found = self.networks[key] = NetworkCosts(topology)
         return found
 
 
@@ -99,8 +103,8 @@ def _recorded(layers: int, recompute: str) -> int:
     return layers if layers <= RECORDED_LAYERS else RECORDED_LAYERS
 
 
-def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkProfile, tuple]:
-    """The chunk model of a stage span, its profile and its cache key."""
+def _chunk(caches: Caches, prepared: Prepared, span, split: bool) -> tuple[ChunkModel, ChunkProfile, tuple]:
+    """The chunk model of a stage span, its profile and its cache key (`split`: the schedule splits backwards)."""
     recipe = prepared.recipe
     pp = prepared.plan.pp
     kind = _kind(span, pp)
@@ -110,7 +114,7 @@ def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkP
     profile_recipe = dataclasses.replace(
         recipe, accumulation_steps=PROFILE_MICROBATCHES, offload=None,
         dp=recipe.dp if in_profile_dp else 1, zero_stage=recipe.zero_stage if in_profile_dp else 0)
-    split = prepared.schedule.split_backward and pp > 1
+    split = split and pp > 1
     stage_input = None
     if kind in (MIDDLE, LAST):
         stage_input = _stage_input(caches, prepared, profile_recipe)
@@ -206,7 +210,8 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     p, v = plan.pp, plan.virtual_stages
     pp = p
     network = caches.network(prepared.topology if prepared.multi else None)
-    found = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
+    split = schedule.split_backward
+    found = {(span.stage, span.chunk): _chunk(caches, prepared, span, split) for span in plan.stages}
     chunks = {key: value[0] for key, value in found.items()}
     every_sync = any(c.sync_every_backward for c in chunks.values())
     overlap = prepared.overlap
