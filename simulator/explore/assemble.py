@@ -34,6 +34,7 @@ class Caches:
     op_times: dict = field(default_factory=dict)      # device -> timed_ops' cache
     outputs: dict = field(default_factory=dict)
     replays: dict = field(default_factory=dict)       # a rank's allocator replay (reserved.py)
+    layouts: dict = field(default_factory=dict)       # a plan layout's stage groups and pairs (_layout)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -163,6 +164,16 @@ def _collectives_s(segment: Segment, groups: dict, network: NetworkCosts | None)
     return total
 
 
+def _layout(caches: Caches, plan, what, *args):
+    """`what(plan, *args)` (_stage_groups, _pairs), remembered per rank layout: they depend only on the degrees
+    and the strides of the plan's axes."""
+    key = (plan.dp, plan.tp, plan.pp, plan.stride("dp"), plan.stride("pp"), plan.stride("tp"), what, args)
+    found = caches.layouts.get(key)
+    if found is None:
+        found = caches.layouts[key] = what(plan, *args)
+    return found
+
+
 def _stage_groups(plan, stage: int, axis: str) -> tuple[tuple[int, ...], ...]:
     """The groups of `axis` among the ranks of pipeline stage `stage` (they run the same collectives together)."""
     members = set(plan.stage_ranks(stage))
@@ -236,7 +247,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     reps = [plan.rank_of(dp=0, pp=s, tp=0) for s in range(p)]
     for r in range(p):
         rank = reps[r]
-        groups = {axis: (plan.group_of(rank, axis), _stage_groups(plan, r, axis)) for axis in ("tp", "dp")} \
+        groups = {axis: (plan.group_of(rank, axis), _layout(caches, plan, _stage_groups, r, axis)) for axis in ("tp", "dp")} \
             if prepared.multi else {}
         persistent = {c: 0 for c in CATEGORIES}
         coefficients = np.zeros(v * COORDS)
@@ -327,7 +338,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
         if tied and r in (0, p - 1):
             size = max(chunks[(r, c)].tied_embedding_grad_bytes for c in range(v))
             costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size,
-                                                            _pairs(plan, 0, p - 1))
+                                                            _layout(caches, plan, _pairs, 0, p - 1))
         persistent["other"] += chunks[(r, 0)].workspace_bytes      # one set of cuBLAS workspaces per rank
         if network is not None and p > 1:
             # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring),
@@ -335,10 +346,10 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             last_chunk = chunks[(r, v - 1)]
             after, before = (r + 1) % p, (r - 1) % p
             costs[transfer_base + transfer_slot("activation", r)] = network.send_s(
-                rank, reps[after], last_chunk.output_bytes, _pairs(plan, r, after))
+                rank, reps[after], last_chunk.output_bytes, _layout(caches, plan, _pairs, r, after))
             costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
                 rank, reps[before], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes,
-                _pairs(plan, r, before))
+                _layout(caches, plan, _pairs, r, before))
         ranks.append(RankNumbers(rank, int(sum(persistent.values())), persistent, coefficients, excursions,
                                  int(step_bytes), int(step.excursion_bytes), compute, blocking, collectives, phases, flops,
                                  parameters, reductions))
