@@ -34,6 +34,7 @@ class Caches:
     op_times: dict = field(default_factory=dict)      # device -> timed_ops' cache
     outputs: dict = field(default_factory=dict)
     replays: dict = field(default_factory=dict)       # a rank's allocator replay (reserved.py)
+    layouts: dict = field(default_factory=dict)       # a plan layout's stage groups and pairs (_layout)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -44,9 +45,13 @@ class Caches:
     def network(self, topology) -> NetworkCosts | None:
         if topology is None:
             return None
-        found = self.networks.get(id(topology))
-        if found is None or found.topology is not topology:
-            found = self.networks[id(topology)] = NetworkCosts(topology)
+        # Keyed by the topology's value (its server and fabric): each scenario loads its own equal Topology, and
+        # equal topologies have the same routes and collective times, so plans share one NetworkCosts (and the
+        # first Topology's route and derived caches) instead of recomputing them per plan.
+        key = (topology.server, topology.fabric)
+        found = self.networks.get(key)
+        if found is None:
+            found = self.networks[key] = NetworkCosts(topology)
         return found
 
 
@@ -99,8 +104,8 @@ def _recorded(layers: int, recompute: str) -> int:
     return layers if layers <= RECORDED_LAYERS else RECORDED_LAYERS
 
 
-def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkProfile, tuple]:
-    """The chunk model of a stage span, its profile and its cache key."""
+def _chunk(caches: Caches, prepared: Prepared, span, split: bool) -> tuple[ChunkModel, ChunkProfile, tuple]:
+    """The chunk model of a stage span, its profile and its cache key (`split`: the schedule splits backwards)."""
     recipe = prepared.recipe
     pp = prepared.plan.pp
     kind = _kind(span, pp)
@@ -110,7 +115,7 @@ def _chunk(caches: Caches, prepared: Prepared, span) -> tuple[ChunkModel, ChunkP
     profile_recipe = dataclasses.replace(
         recipe, accumulation_steps=PROFILE_MICROBATCHES, offload=None,
         dp=recipe.dp if in_profile_dp else 1, zero_stage=recipe.zero_stage if in_profile_dp else 0)
-    split = prepared.schedule.split_backward and pp > 1
+    split = split and pp > 1
     stage_input = None
     if kind in (MIDDLE, LAST):
         stage_input = _stage_input(caches, prepared, profile_recipe)
@@ -157,6 +162,16 @@ def _collectives_s(segment: Segment, groups: dict, network: NetworkCosts | None)
         rest = network.collective_s(kind, mine, nbytes * (1 - share), together) if share < 1 else 0.0
         total += count * (max(0.0, ahead - hidden_s) + rest)
     return total
+
+
+def _layout(caches: Caches, plan, what, *args):
+    """`what(plan, *args)` (_stage_groups, _pairs), remembered per rank layout: they depend only on the degrees
+    and the strides of the plan's axes."""
+    key = (plan.dp, plan.tp, plan.pp, plan.stride("dp"), plan.stride("pp"), plan.stride("tp"), what, args)
+    found = caches.layouts.get(key)
+    if found is None:
+        found = caches.layouts[key] = what(plan, *args)
+    return found
 
 
 def _stage_groups(plan, stage: int, axis: str) -> tuple[tuple[int, ...], ...]:
@@ -206,7 +221,8 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     p, v = plan.pp, plan.virtual_stages
     pp = p
     network = caches.network(prepared.topology if prepared.multi else None)
-    found = {(span.stage, span.chunk): _chunk(caches, prepared, span) for span in plan.stages}
+    split = schedule.split_backward
+    found = {(span.stage, span.chunk): _chunk(caches, prepared, span, split) for span in plan.stages}
     chunks = {key: value[0] for key, value in found.items()}
     every_sync = any(c.sync_every_backward for c in chunks.values())
     overlap = prepared.overlap
@@ -231,7 +247,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     reps = [plan.rank_of(dp=0, pp=s, tp=0) for s in range(p)]
     for r in range(p):
         rank = reps[r]
-        groups = {axis: (plan.group_of(rank, axis), _stage_groups(plan, r, axis)) for axis in ("tp", "dp")} \
+        groups = {axis: (plan.group_of(rank, axis), _layout(caches, plan, _stage_groups, r, axis)) for axis in ("tp", "dp")} \
             if prepared.multi else {}
         persistent = {c: 0 for c in CATEGORIES}
         coefficients = np.zeros(v * COORDS)
@@ -325,7 +341,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
         if tied and r in (0, p - 1):
             size = max(chunks[(r, c)].tied_embedding_grad_bytes for c in range(v))
             costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size,
-                                                            _pairs(plan, 0, p - 1))
+                                                            _layout(caches, plan, _pairs, 0, p - 1))
         persistent["other"] += chunks[(r, 0)].workspace_bytes      # one set of cuBLAS workspaces per rank
         if network is not None and p > 1:
             # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring),
@@ -333,10 +349,10 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             last_chunk = chunks[(r, v - 1)]
             after, before = (r + 1) % p, (r - 1) % p
             costs[transfer_base + transfer_slot("activation", r)] = network.send_s(
-                rank, reps[after], last_chunk.output_bytes, _pairs(plan, r, after))
+                rank, reps[after], last_chunk.output_bytes, _layout(caches, plan, _pairs, r, after))
             costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
                 rank, reps[before], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes,
-                _pairs(plan, r, before))
+                _layout(caches, plan, _pairs, r, before))
         ranks.append(RankNumbers(rank, int(sum(persistent.values())), persistent, coefficients, excursions,
                                  int(step_bytes), int(step.excursion_bytes), compute, blocking, collectives, phases, flops,
                                  parameters, reductions))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from simulator.network.collectives import collective_time_s, lower_collective
+from simulator.network.collectives import REFERENCE_BYTES, candidates, collective_time_s, lower_collective
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology
 
@@ -24,6 +24,8 @@ class NetworkCosts:
     def __init__(self, topology: Topology):
         self.topology = topology
         self._seen: dict[tuple, float] = {}
+        self._footprints: dict[tuple, frozenset[int]] = {}
+        self._apart: dict[tuple, bool] = {}
 
     def collective_s(self, kind: str, group: tuple[int, ...], size_bytes: float,
                      together: tuple[tuple[int, ...], ...] = ()) -> float:
@@ -48,13 +50,35 @@ class NetworkCosts:
 
     def _time(self, kind: str, group: tuple[int, ...], size_bytes: float, others: tuple) -> float:
         alone = collective_time_s(self.topology, kind, group, size_bytes)
-        if not others:
+        if not others or self._apart_always(kind, group, others):
             return alone
         schedules = [lower_collective(self.topology, kind, g, size_bytes) for g in (group,) + others]
         used = [self._resources(s) for s in schedules]
         if not any(used[0] & u for u in used[1:]):
             return alone          # flows on disjoint links do not interact under max-min sharing
         return _run_together(self.topology, schedules)
+
+    def _apart_always(self, kind: str, group: tuple[int, ...], others: tuple) -> bool:
+        """True when no algorithm of `group` can share a link with any algorithm of `others`: then, whatever NCCL
+        picks at any size, the flows are disjoint and the collective takes its time alone (an exact shortcut of
+        the check in `_time`, which lowers every group at the size; False says only "check at the size")."""
+        key = (kind, group, others)
+        found = self._apart.get(key)
+        if found is None:
+            mine = self._footprint(kind, group)
+            found = self._apart[key] = not any(mine & self._footprint(kind, g) for g in others)
+        return found
+
+    def _footprint(self, kind: str, group: tuple[int, ...]) -> frozenset[int]:
+        """Every resource a `kind` collective over `group` can load, over all its (algorithm, protocol)
+        candidates (flow endpoints do not depend on the size: only flow sizes do)."""
+        key = (kind, group)
+        found = self._footprints.get(key)
+        if found is None:
+            found = self._footprints[key] = frozenset().union(*(
+                self._resources(lower_collective(self.topology, kind, group, REFERENCE_BYTES, algorithm, protocol))
+                for algorithm, protocol in candidates(self.topology, kind, group)))
+        return found
 
     def _resources(self, schedule) -> set[int]:
         return {resource for phase in schedule.phases for flow in phase.flows

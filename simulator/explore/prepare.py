@@ -4,6 +4,7 @@ its programs: the same functions in the same order, so an invalid plan raises th
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from simulator.api import (_check_device_options, _check_plan, _names_topology, _run_device, kernel_profile,
@@ -13,7 +14,7 @@ from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions, resolve_overlap
 from simulator.parallel.plan import ParallelPlan, make_plan
 from simulator.parallel.schedule_check import load_schedule
-from simulator.parallel.schedules import Schedule, by_name
+from simulator.parallel.schedules import SCHEDULE_NAMES, Schedule, by_name
 from simulator.scenario import Scenario
 from simulator.topology import Cluster, resolve_cluster
 from simulator.workload.primitives import KernelProfile
@@ -78,12 +79,25 @@ def prepare(scenario: Scenario) -> Prepared:
     plan = make_plan(scenario, topology)
     overlap = resolve_overlap(scenario, nvlink=cluster.device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
     recipe = multi_recipe(scenario, cluster.device, cluster.topology)
-    schedule = load_schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    schedule = _schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
     if p.pp == 1:
         _check_data_parallel(recipe)       # what build_iteration checks first (pp > 1: _check_plan did)
     device = _run_device(scenario, cluster.device)
     return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario), kernel_profile(device),
                     multi, overlap)
+
+
+def _schedule(spec, p: int, m: int, v: int) -> Schedule:
+    """load_schedule's schedule; a built-in one is built and validated once per (name, p, m, v) and shared (a
+    Schedule is immutable and a built-in name's actions depend on nothing else). An action file is read each time."""
+    if isinstance(spec, str) and spec in SCHEDULE_NAMES:
+        return _builtin_schedule(spec, p, m, v)
+    return load_schedule(spec, p, m, v)
+
+
+@functools.lru_cache(maxsize=512)
+def _builtin_schedule(name: str, p: int, m: int, v: int) -> Schedule:
+    return load_schedule(name, p, m, v)       # a refusal raises and is not remembered
 
 
 def _multi_setup(scenario: Scenario) -> None:
