@@ -9,6 +9,7 @@ from simulator.engine.allocator import ADDRESS_BITS, SMALL_SIZE_BYTES, OutOfMemo
 from simulator.engine.caching_allocator import (ALLOCATED, MIN_BLOCK_BYTES, CachingAllocator, _Block, _link_after,
                                                 round_size)
 from simulator.engine.memory import RankMemory
+from simulator.parallel.program import Period
 from simulator.workload.graph import CATEGORIES, Tensor, moved_ids
 
 MiB = 1 << 20
@@ -177,5 +178,64 @@ def test_run_calls_equal_plain_allocate_and_free(calls, timeline, events):
         return (memory.samples, memory.peak_allocated, memory.peak_reserved, memory.peak_time_s, memory.peak_op,
                 memory.peak_breakdown, memory.category_peaks, list(memory.by_category), memory.bytes_of,
                 memory.first_oom, _stats(a), a.segments(), a.events)
+
+    assert run(True) == run(False)
+
+
+class _Op:
+    def __init__(self, name, allocs, frees):
+        self.name, self.allocs, self.frees = name, allocs, frees
+
+
+class _Run:
+    def __init__(self, op, shift, low):
+        self.op, self.shift, self.low = op, shift, low
+
+
+@settings(max_examples=80, deadline=None)
+@given(calls=run_calls, timeline=st.booleans(), record=st.booleans())
+def test_logged_runs_made_in_one_loop_equal_run_allocate_and_free(calls, timeline, record):
+    """make_runs (the logged Run calls of memory_log.apply, _allocate / _free / _after inlined) leaves exactly what
+    run_allocate / run_free leave, an out-of-memory allocation and a recording of the calls included."""
+    templates = [(10, 11), (12,), (3, 13), (14, 15, 16, 4)]
+    sizes = [300, 5 * MiB, 600 * 1024, 25 * MiB, 3000, 7 * MiB, 512, 1, 2 * MiB, 40 * MiB, 100, 9 * MiB, 64, 8, 3]
+    tensors = {tid: Tensor(tid, f"t{tid}", sizes[tid % 17 % len(sizes)], CATEGORIES[tid % len(CATEGORIES)])
+               for tid in range(100)}
+    runs: list = [[], []]          # per stream: the Run-like instructions the words name
+    words, times, plain = [], [], []
+    live = []
+    for step, (which, copy, stream) in enumerate(calls):
+        template, shift = templates[which], 20 * copy
+        ids = moved_ids(template, shift, 10)
+        if (template, shift) in live:
+            live.remove((template, shift))
+            op, code, stream = _Op(f"op{which}", (), template), 1, 0
+        elif not any(set(ids) & set(moved_ids(t, s, 10)) for t, s in live):
+            live.append((template, shift))
+            op, code, stream = _Op(f"op{which}", template, ()), 0, int(stream)
+        else:
+            continue
+        runs[stream].append(_Run(op, shift, 10))
+        words.append((len(runs[stream]) - 1) << 12 | stream << 4 | code)
+        times.append(float(step))
+        plain.append((code, op, shift, "comm" if stream else "compute", float(step)))
+
+    def run(fast: bool) -> tuple:
+        memory = RankMemory(CachingAllocator(CAPACITY_BYTES, record_events=False), tensors, {"compute": 0, "comm": 1},
+                            record_timeline=timeline, repeats=record)
+        if record:
+            memory.boundary(Period("F0", 0, 10, 100))
+        if fast:
+            assert memory.make_runs(words, times, 0, runs, len(words)) == len(words)
+        for code, op, shift, stream, time_s in ([] if fast else plain):
+            if code:
+                memory.run_free(op.frees, shift, 10, time_s, op.name)
+            else:
+                memory.run_allocate(op.allocs, shift, 10, stream, time_s, op.name)
+        a = memory.allocator
+        recorded = memory._recording.calls if memory._recording is not None else None
+        return (memory.samples, memory.peak_allocated, memory.peak_reserved, memory.peak_time_s, memory.peak_op,
+                memory.peak_breakdown, memory.category_peaks, list(memory.by_category), memory.bytes_of,
+                memory.first_oom, _stats(a), a.segments(), recorded)
 
     assert run(True) == run(False)

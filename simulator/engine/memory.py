@@ -343,31 +343,72 @@ class RankMemory:
     def make_runs(self, words, times, start: int, streams: list, end: int) -> int:
         """Make logged Run calls (engine/memory_log.py) from words[start] (before words[end]) while no period is
         being replayed and no allocator events are recorded: run_allocate / run_free in one loop (the calls of
-        ranks whose memory never repeats); returns the index of the first word not made."""
+        ranks whose memory never repeats); returns the index of the first word not made.
+
+        What _allocate, _free and _after do, inlined (the hot path of a rank whose allocator layout takes a long
+        transient to repeat: each call here is a few microseconds, a third of it was calls between them); an
+        allocation the allocator refuses goes through _allocate's out-of-memory path for that tensor and the
+        next ones of the call."""
         if self._skipping is not None or self.allocator._log is not None:
             return start
-        allocate, free, after = self._allocate, self._free, self._after
+        allocator = self.allocator
+        malloc, release = allocator.malloc, allocator.free
+        tensors, handles, bytes_of, category_index = self.tensors, self.handles, self.bytes_of, _CATEGORY_INDEX
+        timeline, samples, recording = self.record_timeline, self.samples, self._recording
+        calls = recording.calls if recording is not None else None
         i = start
         while i < end:
             word = words[i]
             code = word & 15
             if code > 1:                           # RUN_ALLOC = ALLOC, RUN_FREE = FREE
                 break
-            instruction = streams[(word >> 4) & 255][word >> 12]
+            stream_id = (word >> 4) & 255
+            instruction = streams[stream_id][word >> 12]
             op = instruction.op
             shift, time_s, name = instruction.shift, times[i], op.name
             i += 1
+            by_category = self.by_category
             if code:
                 op_ids = op.frees
                 ids = moved_ids(op_ids, shift, instruction.low)
-                free(ids, time_s, name)
-                after(FREE, ids, 0, time_s, name, 0, op_ids, shift)
+                for tid in ids:
+                    release(handles.pop(tid), time_s, name)
+                    by_category[category_index[tensors[tid].category]] -= bytes_of.pop(tid)
+                stream_id = 0
             else:
                 op_ids = op.allocs
                 ids = moved_ids(op_ids, shift, instruction.low)
-                stream_id = (word >> 4) & 255
-                allocate(ids, stream_id, time_s, name)
-                after(ALLOC, ids, stream_id, time_s, name, 0, op_ids, shift)
+                measuring, peaks = self.measuring, self.category_peaks
+                for n, tid in enumerate(ids):
+                    tensor = tensors[tid]
+                    try:
+                        handle = malloc(tensor.nbytes, stream_id, time_s, name, tensor.name, tensor.category)
+                    except OutOfMemory:
+                        self._allocate(ids[n:], stream_id, time_s, name)    # records the OOM, lifts the limit
+                        break
+                    handles[tid] = handle
+                    size = bytes_of[tid] = allocator.last_block_bytes
+                    index = category_index[tensor.category]
+                    total = by_category[index] = by_category[index] + size
+                    if measuring and total > peaks[index]:
+                        peaks[index] = total
+            # _after(code, ids, stream_id, time_s, name, 0, op_ids, shift), inlined
+            allocated, reserved = allocator._allocated, allocator._reserved
+            breakdown = None
+            if timeline:
+                breakdown = tuple(by_category)
+                samples += (time_s, allocated, reserved, breakdown)
+            if self.measuring:
+                if allocated > self.peak_allocated:
+                    self.peak_allocated = allocated
+                    self.peak_time_s = time_s
+                    self.peak_op = name
+                    self.peak_breakdown = breakdown = breakdown or tuple(by_category)
+                if reserved > self.peak_reserved:
+                    self.peak_reserved = reserved
+            if calls is not None:
+                calls.append((code, ids, stream_id, name, allocated, reserved, breakdown or tuple(by_category), (),
+                              op_ids, shift))
         return i
 
     def replay_runs(self, words, times, start: int, streams: list, end: int) -> int:
