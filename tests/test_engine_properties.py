@@ -274,7 +274,9 @@ def test_more_segments_than_layers_is_a_scenario_error():
 
 
 # ------------------------------------------------------------------------------- heavier sweep
-@pytest.mark.slow
+# The two properties above run 25 examples each in the default suite; this deep variant (100 more of each,
+# ~10 s on 2 cores) runs with `python3 -m pytest -m scale`.
+@pytest.mark.scale
 @MANY
 @given(scenario_documents())
 def test_memory_properties_many_examples(doc):
