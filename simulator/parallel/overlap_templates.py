@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from simulator.parallel.program import (Alloc, Blocking, Collective, Free, Run, Signal, WaitFor, checked_collective,
-                                        signal, wait_for)
+from collections import deque
+from itertools import repeat
+from operator import add, itemgetter
+
+from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal, WaitFor, checked_collective
 from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, ON_COMM_STREAM, OPTIMIZER_STEP
 
 # A micro-batch copy moves the ids at or above `low` by its shift. The template is lowered with this shift, far
 # above any tensor id, so an id of the template is a moved one exactly when it is >= MARK.
 MARK = 1 << 52
-_RUN, _SIGNAL, _WAIT, _BLOCKING, _COLLECTIVE, _ALLOC, _FREE, _SAME = range(8)
+_RUN, _SIGNAL, _WAIT, _ALLOC, _FREE, _SAME, _COLLECTIVE = range(7)     # a plan's makers, in this order
 new_run = new_blocking = tuple.__new__
+_new_instance = object.__new__
+# The slots' own setters: a frozen dataclass's __init__ sets each field through object.__setattr__ (several
+# times slower); made in bulk with map, a Signal costs no Python call (as program.signal, one by one).
+_SETTERS = {kind: tuple(kind.__dict__[name].__set__ for name in kind.__slots__)
+            for kind in (Signal, WaitFor, Alloc, Free)}
 
 
 def templatable(ops) -> bool:
@@ -25,103 +33,136 @@ def templatable(ops) -> bool:
     return True
 
 
-def _moved(ids: tuple[int, ...]) -> int:
-    return sum(1 for v in ids if v >= MARK)
-
-
-def _recipe(instruction) -> tuple | None:
-    """How to make `instruction` (lowered with shift MARK) for another copy; None: not an instruction this
-    module knows how to move."""
-    kind = type(instruction)
-    if kind is Run:
-        op, duration_s, iteration, _, low = instruction
-        return (_RUN, ((op, duration_s, iteration, low),))
-    if kind is Signal or kind is WaitFor:
-        label, _, number = instruction.event.rpartition("#")
-        if not (label and number.isdigit()):
-            return None
-        return (_SIGNAL if kind is Signal else _WAIT, label + "#", int(number))
-    if kind is Blocking or kind is Collective:
-        collective = instruction[0] if kind is Blocking else instruction
-        if not (_moved(collective.allocs) or _moved(collective.frees)):
-            if collective.moved is not None:
-                return None
-            return (_SAME, instruction)               # instructions are values: every copy shares it
-        return (_BLOCKING if kind is Blocking else _COLLECTIVE, collective,
-                instruction[1] if kind is Blocking else None)
-    if kind is Alloc or kind is Free:
-        if not _moved(instruction.tensors):
-            return (_SAME, instruction)
-        return (_ALLOC if kind is Alloc else _FREE, instruction.tensors, instruction.reason)
-    return None
-
-
 def record(scratch, runs: list, overlaps) -> tuple | None:
     """The template of `runs` (made with shift MARK) lowered by `scratch` (a fresh _Streams of the same rank
-    and options): (events made, compute stream recipes, other streams' recipes), or None when an instruction
-    or a change of the streams' state is not one a copy could repeat."""
+    and options): (the label of each event it made, by number, the compute stream's plan, the other streams'
+    plans), or None when an instruction or a change of the streams' state is not one a copy could repeat."""
     pending = list(scratch.pending)
     scratch.overlapped(runs, overlaps)
     if (scratch.pending != pending or scratch.deferred or scratch.unsent or scratch.sends or scratch.copies
             or scratch.offload_last or scratch.gathering):
         return None
-    compute = _recipes(scratch.compute)
-    other = tuple((name, _recipes(instructions)) for name, instructions in scratch.other.items())
-    if compute is None or any(recipes is None for _, recipes in other):
+    labels = [""] * scratch.count          # events are numbered from 1 on the fresh scratch streams
+    compute = _plan(scratch.compute, labels)
+    other = tuple((name, _plan(instructions, labels)) for name, instructions in scratch.other.items())
+    if compute is None or any(plan is None for _, plan in other):
         return None
-    return scratch.count, compute, other
+    return tuple(labels), compute, other
 
 
-def _recipes(instructions: list) -> tuple | None:
-    """The recipes of `instructions`, consecutive runs in one (None: one cannot be moved)."""
-    recipes: list[tuple] = []
+def _moved(ids: tuple[int, ...]) -> int:
+    return sum(1 for v in ids if v >= MARK)
+
+
+def _plan(instructions: list, labels: list[str]) -> tuple | None:
+    """How to make `instructions` (lowered with shift MARK) for another copy, kind by kind: (which kind each
+    instruction is, in order, as a picker of the kinds' makers; the runs' ops, durations, iterations and lows;
+    the Signals' and the WaitFors' event numbers less one; the moved Allocs' and Frees' tensors and reasons;
+    the shared instructions; the moved collectives with their Blocking stream or None). Records each event's
+    label in `labels`. None when an instruction is not one this module knows how to move."""
+    kinds: list[int] = []
+    runs: tuple[list, ...] = ([], [], [], [])
+    events: tuple[list[int], list[int]] = ([], [])
+    memory: tuple[tuple[list, list], ...] = (([], []), ([], []))
+    same: list = []
+    collectives: list[tuple] = []
     for instruction in instructions:
-        recipe = _recipe(instruction)
-        if recipe is None:
-            return None
-        if recipe[0] == _RUN and recipes and recipes[-1][0] == _RUN:
-            recipes[-1] = (_RUN, recipes[-1][1] + recipe[1])
+        kind = type(instruction)
+        if kind is Run:
+            op, duration_s, iteration, _, low = instruction
+            for column, value in zip(runs, (op, duration_s, iteration, low)):
+                column.append(value)
+            kinds.append(_RUN)
+        elif kind is Signal or kind is WaitFor:
+            label, _, number = instruction.event.rpartition("#")
+            if not (label and number.isdigit() and 0 < int(number) <= len(labels)):
+                return None
+            index = int(number) - 1
+            if labels[index] not in ("", label + "#"):
+                return None                       # one number, two labels: not made by _Streams.event
+            labels[index] = label + "#"
+            code = _SIGNAL if kind is Signal else _WAIT
+            events[code - _SIGNAL].append(index)
+            kinds.append(code)
+        elif kind is Blocking or kind is Collective:
+            collective = instruction[0] if kind is Blocking else instruction
+            if _moved(collective.allocs) or _moved(collective.frees):
+                collectives.append((collective, instruction[1] if kind is Blocking else None))
+                kinds.append(_COLLECTIVE)
+            elif collective.moved is not None:
+                return None
+            else:
+                same.append(instruction)          # instructions are values: every copy shares it
+                kinds.append(_SAME)
+        elif kind is Alloc or kind is Free:
+            if _moved(instruction.tensors):
+                code = _ALLOC if kind is Alloc else _FREE
+                memory[code - _ALLOC][0].append(instruction.tensors)
+                memory[code - _ALLOC][1].append(instruction.reason)
+                kinds.append(code)
+            else:
+                same.append(instruction)
+                kinds.append(_SAME)
         else:
-            recipes.append(recipe)
-    return tuple(recipes)
+            return None
+    return (_picker(kinds), tuple(map(tuple, runs)), tuple(_picker(numbers) if numbers else None
+                                                           for numbers in events),
+            tuple((tuple(tensors), tuple(reasons)) for tensors, reasons in memory), tuple(same), tuple(collectives))
+
+
+def _picker(indices: list[int]):
+    """A callable giving the tuple of the items of its argument at `indices` (itemgetter of one index gives the
+    item itself, not a tuple)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    indices = tuple(indices)
+    return lambda items: tuple(items[index] for index in indices)
 
 
 def _ids(ids: tuple[int, ...], shift: int) -> tuple[int, ...]:
     return tuple([v - MARK + shift if v >= MARK else v for v in ids])
 
 
-def _make(recipes: tuple, count: int, shift: int) -> list:
-    made = []
-    add = made.append
-    for recipe in recipes:
-        code = recipe[0]
-        if code == _RUN:
-            made += [new_run(Run, (op, duration_s, iteration, shift, low)) for op, duration_s, iteration, low
-                     in recipe[1]]
-        elif code == _SIGNAL:
-            add(signal(f"{recipe[1]}{recipe[2] + count}"))
-        elif code == _WAIT:
-            add(wait_for(f"{recipe[1]}{recipe[2] + count}"))
-        elif code == _SAME:
-            add(recipe[1])
-        elif code == _ALLOC or code == _FREE:
-            add((Alloc if code == _ALLOC else Free)(_ids(recipe[1], shift), recipe[2]))
-        else:
-            _, c, name = recipe
-            moved = c.moved if c.moved is None else (c.moved[0], c.moved[1], shift, c.moved[3])
-            collective = checked_collective(c.name, c.kind, c.group, c.size_bytes, _ids(c.allocs, shift),
-                                            _ids(c.frees, shift), c.iteration, moved)
-            add(new_blocking(Blocking, (collective, name)) if code == _BLOCKING else collective)
+def _slotted(kind: type, *columns) -> list:
+    """kind(*fields) for each row of the columns (a frozen slots dataclass without __post_init__), in bulk."""
+    made = list(map(_new_instance, repeat(kind, len(columns[0]))))
+    for setter, column in zip(_SETTERS[kind], columns):
+        deque(map(setter, made, column), 0)
     return made
+
+
+def _collective(collective: Collective, stream: str | None, shift: int):
+    moved = collective.moved
+    if moved is not None:
+        moved = (moved[0], moved[1], shift, moved[3])
+    made = checked_collective(collective.name, collective.kind, collective.group, collective.size_bytes,
+                              _ids(collective.allocs, shift), _ids(collective.frees, shift), collective.iteration,
+                              moved)
+    return made if stream is None else new_blocking(Blocking, (made, stream))
+
+
+def _make(plan: tuple, events: list[str], shift: int):
+    """Iterator over the plan's instructions for the copy moved by `shift` whose events are `events` (by number
+    less one): one iterator per kind of instruction, each drawn from in instruction order (`pick`)."""
+    pick, (ops, durations, iterations, lows), (signals, waits), (allocs, frees), same, collectives = plan
+    makers = (map(new_run, repeat(Run), zip(ops, durations, iterations, repeat(shift), lows)),
+              iter(_slotted(Signal, signals(events))) if signals else None,
+              iter(_slotted(WaitFor, waits(events))) if waits else None,
+              iter(_slotted(Alloc, [_ids(tensors, shift) for tensors in allocs[0]], allocs[1])) if allocs[0] else None,
+              iter(_slotted(Free, [_ids(tensors, shift) for tensors in frees[0]], frees[1])) if frees[0] else None,
+              iter(same),
+              iter([_collective(collective, stream, shift) for collective, stream in collectives]))
+    return map(next, pick(makers))
 
 
 def apply(template: tuple, streams, shift: int) -> None:
     """Append the template's instructions for the copy moved by `shift` to `streams` (a _Streams), with its
     events numbered after the streams' own, as `overlapped` would have made them."""
-    events, compute, other = template
+    labels, compute, other = template
     count = streams.count
-    streams.compute += _make(compute, count, shift)
-    for name, recipes in other:
-        streams.stream(name).extend(_make(recipes, count, shift))
-    streams.count = count + events
-
+    # Each event's name made once, shared by its Signal and its WaitFor (equal strings either way).
+    events = list(map(add, labels, map(str, range(count + 1, count + len(labels) + 1))))
+    streams.compute += _make(compute, events, shift)
+    for name, plan in other:
+        streams.stream(name).extend(_make(plan, events, shift))
+    streams.count = count + len(labels)
