@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from itertools import repeat
+from operator import itemgetter
 
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
@@ -273,32 +274,31 @@ class _Streams:
         key = (id(timed), low if shift else None)
         compiled = self.compiled.get(key)
         if compiled is None or compiled[0] is not timed:
-            compiled = self.compiled[key] = (timed, self._compile(timed, low if shift else None), {})
-        _, specials, fixed_by_iteration = compiled
+            specials = self._compile(timed, low if shift else None)
+            compiled = self.compiled[key] = (timed, specials, {}, specials and _interleaving(timed, specials))
+        _, specials, fixed_by_iteration, interleaving = compiled
         if specials is None:
             self._general(timed, iteration, shift, low)
             return
-        # Every op as a run (a collective's run is what a collective of this rank alone lowers to), then each
-        # Blocking in its op's place.
-        runs = list(map(new_run, repeat(Run), zip(timed.ops, timed.durations, repeat(iteration), repeat(shift),
-                                                  repeat(low))))
+        # The ops as runs but for the collectives, each a Blocking in its op's place: the unmoved ones shared by
+        # every copy (per iteration), the moved ones made for this shift; interleaved as `_interleaving` says.
         unmoved, moved = specials
         fixed = fixed_by_iteration.get(iteration)
         if fixed is None:
             fixed = fixed_by_iteration[iteration] = self._unmoved_blockings(unmoved, iteration, shift, low)
-        for index, blocking in fixed:
-            runs[index] = blocking
-        for index, op_name, kind, group, size_bytes, name, allocs, frees, move_allocs, move_frees in moved:
-            collective = checked_collective(
-                op_name, kind, group, size_bytes,
-                (allocs[0] + shift,) if move_allocs == 1 else allocs if move_allocs == 0
-                else tuple([v + shift if v >= low else v for v in allocs]),
-                (frees[0] + shift,) if move_frees == 1 else frees if move_frees == 0
-                else tuple([v + shift if v >= low else v for v in frees]),
-                iteration, (allocs, frees, shift, low))
-            runs[index] = new_blocking(Blocking, (collective, name))
+        pick, ops, durations = interleaving
+        made = [new_blocking(Blocking, (checked_collective(
+                    op_name, kind, group, size_bytes,
+                    (allocs[0] + shift,) if move_allocs == 1 else allocs if move_allocs == 0
+                    else tuple([v + shift if v >= low else v for v in allocs]),
+                    (frees[0] + shift,) if move_frees == 1 else frees if move_frees == 0
+                    else tuple([v + shift if v >= low else v for v in frees]),
+                    iteration, (allocs, frees, shift, low)), name))
+                for _, op_name, kind, group, size_bytes, name, allocs, frees, move_allocs, move_frees in moved]
         start = len(self.compute)
-        self.compute += runs
+        self.compute += map(next, pick((map(new_run, repeat(Run), zip(ops, durations, repeat(iteration),
+                                                                         repeat(shift), repeat(low))),
+                                        iter(fixed), iter(made))))
         self.copies.append((start, len(self.compute), timed, iteration, low, specials))
 
     def _templated(self, timed: _TimedOps, overlaps: tuple[Overlap, ...], iteration: int, shift: int,
@@ -322,7 +322,7 @@ class _Streams:
         return True
 
     def _unmoved_blockings(self, unmoved: tuple, iteration: int, shift: int, low: int) -> tuple:
-        """(index, Blocking) per collective of `unmoved` (`_compile`'s) in `iteration`: instructions are values, so
+        """The Blocking of each collective of `unmoved` (`_compile`'s) in `iteration`: instructions are values, so
         every copy of the template shares them, and `post` the collectives (made as it makes them: the first
         post's moved, equal, tuples)."""
         blockings = []
@@ -334,7 +334,7 @@ class _Streams:
                     allocs, frees = moved_ids(allocs, shift, low), moved_ids(frees, shift, low)
                 collective = self.unmoved[(id(op), iteration)] = Collective(op.name, kind, group, size_bytes,
                                                                             allocs, frees, iteration)
-            blockings.append((index, new_blocking(Blocking, (collective, name))))
+            blockings.append(new_blocking(Blocking, (collective, name)))
         return tuple(blockings)
 
     def _compile(self, timed: _TimedOps, low: int | None) -> tuple | None:
@@ -504,6 +504,20 @@ class _Streams:
         for name in sorted(self.other):
             streams[name] = tuple(self.other[name])
         return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies), host_tensors or {})
+
+
+def _interleaving(timed: _TimedOps, specials: tuple) -> tuple:
+    """How `microbatch` makes a compiled copy of `timed` from three iterators: (a picker of the iterator each
+    instruction comes from, in order: runs, unmoved Blockings, moved Blockings; the ops and durations of the runs)."""
+    unmoved, moved = specials
+    source = [0] * len(timed.ops)
+    for index in (entry[0] for entry in unmoved):
+        source[index] = 1
+    for index in (entry[0] for entry in moved):
+        source[index] = 2
+    plain = [k for k, code in enumerate(source) if code == 0]
+    pick = itemgetter(*source) if len(source) > 1 else (lambda makers: tuple(makers[code] for code in source))
+    return pick, tuple(timed.ops[k] for k in plain), tuple(timed.durations[k] for k in plain)
 
 
 def _moves(ids: tuple[int, ...], low: int) -> int:
