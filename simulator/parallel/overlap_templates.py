@@ -6,7 +6,7 @@ from collections import deque
 from itertools import repeat
 from operator import add, itemgetter
 
-from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal, WaitFor, checked_collective
+from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal, WaitFor
 from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, ON_COMM_STREAM, OPTIMIZER_STEP
 
 # A micro-batch copy moves the ids at or above `low` by its shift. The template is lowered with this shift, far
@@ -18,7 +18,7 @@ _new_instance = object.__new__
 # The slots' own setters: a frozen dataclass's __init__ sets each field through object.__setattr__ (several
 # times slower); made in bulk with map, a Signal costs no Python call (as program.signal, one by one).
 _SETTERS = {kind: tuple(kind.__dict__[name].__set__ for name in kind.__slots__)
-            for kind in (Signal, WaitFor, Alloc, Free)}
+            for kind in (Signal, WaitFor, Alloc, Free, Collective)}
 
 
 def templatable(ops) -> bool:
@@ -57,13 +57,13 @@ def _moved(ids: tuple[int, ...]) -> int:
 def _plan(instructions: list, labels: list[str]) -> tuple | None:
     """How to make `instructions` (lowered with shift MARK) for another copy, kind by kind: (which kind each
     instruction is, in order, as a picker of the kinds' makers; the runs' ops, durations, iterations and lows;
-    the Signals' and the WaitFors' event numbers less one; the moved Allocs' and Frees' tensors and reasons;
-    the shared instructions; the moved collectives with their Blocking stream or None). Records each event's
-    label in `labels`. None when an instruction is not one this module knows how to move."""
+    pickers of the Signals' and the WaitFors' events from a copy's (by number less one); makers of the moved
+    Allocs and Frees; the shared instructions; a maker of the moved collectives). Records each event's label in
+    `labels`. None when an instruction is not one this module knows how to move."""
     kinds: list[int] = []
     runs: tuple[list, ...] = ([], [], [], [])
     events: tuple[list[int], list[int]] = ([], [])
-    memory: tuple[tuple[list, list], ...] = (([], []), ([], []))
+    memory: tuple[list, list] = ([], [])
     same: list = []
     collectives: list[tuple] = []
     for instruction in instructions:
@@ -97,8 +97,7 @@ def _plan(instructions: list, labels: list[str]) -> tuple | None:
         elif kind is Alloc or kind is Free:
             if _moved(instruction.tensors):
                 code = _ALLOC if kind is Alloc else _FREE
-                memory[code - _ALLOC][0].append(instruction.tensors)
-                memory[code - _ALLOC][1].append(instruction.reason)
+                memory[code - _ALLOC].append(instruction)
                 kinds.append(code)
             else:
                 same.append(instruction)
@@ -107,7 +106,8 @@ def _plan(instructions: list, labels: list[str]) -> tuple | None:
             return None
     return (_picker(kinds), tuple(map(tuple, runs)), tuple(_picker(numbers) if numbers else None
                                                            for numbers in events),
-            tuple((tuple(tensors), tuple(reasons)) for tensors, reasons in memory), tuple(same), tuple(collectives))
+            tuple(_memory_maker(kind, made) for kind, made in zip((Alloc, Free), memory)), tuple(same),
+            _collective_maker(collectives))
 
 
 def _picker(indices: list[int]):
@@ -123,22 +123,74 @@ def _ids(ids: tuple[int, ...], shift: int) -> tuple[int, ...]:
     return tuple([v - MARK + shift if v >= MARK else v for v in ids])
 
 
-def _slotted(kind: type, *columns) -> list:
-    """kind(*fields) for each row of the columns (a frozen slots dataclass without __post_init__), in bulk."""
-    made = list(map(_new_instance, repeat(kind, len(columns[0]))))
+def _mover(tuples: list[tuple[int, ...]]):
+    """A function of a copy's shift giving the id tuples of `tuples` moved for it (_ids), in order, as an iterable:
+    the tuples themselves when none moves, one-id tuples made without a Python call when each is one moved id."""
+    tuples = tuple(tuples)
+    if not any(map(_moved, tuples)):
+        return lambda shift: tuples
+    if all(len(ids) == 1 and ids[0] >= MARK for ids in tuples):
+        bases = tuple(ids[0] - MARK for ids in tuples)
+        return lambda shift: zip(map(add, bases, repeat(shift)))
+    return lambda shift: [_ids(ids, shift) for ids in tuples]
+
+
+def _slotted(kind: type, count: int, *columns) -> list:
+    """kind(*fields) for each of `count` rows of the columns (a frozen slots dataclass, its __post_init__ not run:
+    the fields are an instance's of the template), made in bulk by the slots' setters."""
+    made = list(map(_new_instance, repeat(kind, count)))
     for setter, column in zip(_SETTERS[kind], columns):
         deque(map(setter, made, column), 0)
     return made
 
 
-def _collective(collective: Collective, stream: str | None, shift: int):
-    moved = collective.moved
-    if moved is not None:
-        moved = (moved[0], moved[1], shift, moved[3])
-    made = checked_collective(collective.name, collective.kind, collective.group, collective.size_bytes,
-                              _ids(collective.allocs, shift), _ids(collective.frees, shift), collective.iteration,
-                              moved)
-    return made if stream is None else new_blocking(Blocking, (made, stream))
+def _memory_maker(kind: type, instructions: list):
+    """A function of the shift giving the moved Allocs (or Frees) `instructions` for that copy (None: there are none)."""
+    if not instructions:
+        return None
+    tensors, reasons = _mover([ins.tensors for ins in instructions]), tuple(ins.reason for ins in instructions)
+    return lambda shift: _slotted(kind, len(reasons), tensors(shift), reasons)
+
+
+def _collective_maker(collectives: list[tuple]):
+    """A function of the shift giving the moved collectives (each a Blocking where its stream is not None) for
+    that copy: column by column, their `moved` with the copy's shift (None where the template's is None)."""
+    count = len(collectives)
+    if not count:
+        return lambda shift: ()
+    made = [collective for collective, _ in collectives]
+    fixed = [tuple(getattr(c, name) for c in made) for name in ("name", "kind", "group", "size_bytes")]
+    allocs, frees = _mover([c.allocs for c in made]), _mover([c.frees for c in made])
+    iterations = tuple(c.iteration for c in made)
+    heads = [c.moved for c in made]
+    if all(head is None for head in heads):
+        def moved(shift):
+            return repeat(None)
+    elif all(head is not None for head in heads):
+        firsts, seconds, lows = (tuple(head[k] for head in heads) for k in (0, 1, 3))
+
+        def moved(shift):
+            return zip(firsts, seconds, repeat(shift), lows)
+    else:
+        def moved(shift):
+            return [None if head is None else (head[0], head[1], shift, head[3]) for head in heads]
+    streams = tuple(stream for _, stream in collectives)
+
+    def make(shift: int):
+        posts = _slotted(Collective, count, *fixed, allocs(shift), frees(shift), iterations, moved(shift))
+        if None not in streams:
+            return map(new_blocking, repeat(Blocking), zip(posts, streams))
+        return [post if stream is None else new_blocking(Blocking, (post, stream))
+                for post, stream in zip(posts, streams)]
+    return make
+
+
+def _events(kind: type, pick, events: list[str]):
+    """Iterator over the Signals (or WaitFors) of the events `pick` takes from a copy's `events` (None: none)."""
+    if pick is None:
+        return None
+    names = pick(events)
+    return iter(_slotted(kind, len(names), names))
 
 
 def _make(plan: tuple, events: list[str], shift: int):
@@ -146,12 +198,11 @@ def _make(plan: tuple, events: list[str], shift: int):
     less one): one iterator per kind of instruction, each drawn from in instruction order (`pick`)."""
     pick, (ops, durations, iterations, lows), (signals, waits), (allocs, frees), same, collectives = plan
     makers = (map(new_run, repeat(Run), zip(ops, durations, iterations, repeat(shift), lows)),
-              iter(_slotted(Signal, signals(events))) if signals else None,
-              iter(_slotted(WaitFor, waits(events))) if waits else None,
-              iter(_slotted(Alloc, [_ids(tensors, shift) for tensors in allocs[0]], allocs[1])) if allocs[0] else None,
-              iter(_slotted(Free, [_ids(tensors, shift) for tensors in frees[0]], frees[1])) if frees[0] else None,
+              _events(Signal, signals, events), _events(WaitFor, waits, events),
+              iter(allocs(shift)) if allocs else None,
+              iter(frees(shift)) if frees else None,
               iter(same),
-              iter([_collective(collective, stream, shift) for collective, stream in collectives]))
+              iter(collectives(shift)))
     return map(next, pick(makers))
 
 
