@@ -12,13 +12,15 @@ from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, ON_COMM_STREAM
 # A micro-batch copy moves the ids at or above `low` by its shift. The template is lowered with this shift, far
 # above any tensor id, so an id of the template is a moved one exactly when it is >= MARK.
 MARK = 1 << 52
-_RUN, _SIGNAL, _WAIT, _ALLOC, _FREE, _SAME, _COLLECTIVE = range(7)     # a plan's makers, in this order
+# The makers a copy's instructions come from, in this order: its runs, then (over all its streams) its Signals,
+# WaitFors, moved Allocs, moved Frees and moved collectives, then the shared instructions.
+_RUN, _SIGNAL, _WAIT, _ALLOC, _FREE, _COLLECTIVE, _SAME = range(7)
+_KINDS = (Signal, WaitFor, Alloc, Free)      # the classes of makers _SIGNAL.._FREE
 new_run = new_blocking = tuple.__new__
 _new_instance = object.__new__
 # The slots' own setters: a frozen dataclass's __init__ sets each field through object.__setattr__ (several
-# times slower); made in bulk with map, a Signal costs no Python call (as program.signal, one by one).
-_SETTERS = {kind: tuple(kind.__dict__[name].__set__ for name in kind.__slots__)
-            for kind in (Signal, WaitFor, Alloc, Free, Collective)}
+# times slower); called from map, setting a slot costs no Python call (program.signal does it one by one).
+_SETTERS = {kind: tuple(kind.__dict__[name].__set__ for name in kind.__slots__) for kind in (*_KINDS, Collective)}
 
 
 def templatable(ops) -> bool:
@@ -35,37 +37,42 @@ def templatable(ops) -> bool:
 
 def record(scratch, runs: list, overlaps) -> tuple | None:
     """The template of `runs` (made with shift MARK) lowered by `scratch` (a fresh _Streams of the same rank
-    and options): (the label of each event it made, by number, the compute stream's plan, the other streams'
-    plans), or None when an instruction or a change of the streams' state is not one a copy could repeat."""
+    and options): (the label of each event it made, by number; makers of a copy's events, moved Allocs / Frees
+    and moved collectives, over all its streams; each stream's plan: its name (None: the compute stream), which
+    maker each instruction comes from, its runs' columns and its shared instructions), or None when an
+    instruction or a change of the streams' state is not one a copy could repeat."""
     pending = list(scratch.pending)
     scratch.overlapped(runs, overlaps)
     if (scratch.pending != pending or scratch.deferred or scratch.unsent or scratch.sends or scratch.copies
             or scratch.offload_last or scratch.gathering):
         return None
     labels = [""] * scratch.count          # events are numbered from 1 on the fresh scratch streams
-    compute = _plan(scratch.compute, labels)
-    other = tuple((name, _plan(instructions, labels)) for name, instructions in scratch.other.items())
-    if compute is None or any(plan is None for _, plan in other):
-        return None
-    return tuple(labels), compute, other
+    # Over the streams in order: the Signals' and WaitFors' event numbers less one, the moved Allocs and Frees, the
+    # moved collectives (with their Blocking stream or None).
+    made: dict[type, list] = {kind: [] for kind in (*_KINDS, Collective)}
+    plans = []
+    for name, instructions in ((None, scratch.compute), *scratch.other.items()):
+        plan = _plan(instructions, labels, made)
+        if plan is None:
+            return None
+        plans.append((name,) + plan)
+    return (tuple(labels), *(_events_maker(kind, made[kind]) for kind in (Signal, WaitFor)),
+            *(_memory_maker(kind, made[kind]) for kind in (Alloc, Free)), _collective_maker(made[Collective]),
+            tuple(plans))
 
 
 def _moved(ids: tuple[int, ...]) -> int:
     return sum(1 for v in ids if v >= MARK)
 
 
-def _plan(instructions: list, labels: list[str]) -> tuple | None:
-    """How to make `instructions` (lowered with shift MARK) for another copy, kind by kind: (which kind each
-    instruction is, in order, as a picker of the kinds' makers; the runs' ops, durations, iterations and lows;
-    pickers of the Signals' and the WaitFors' events from a copy's (by number less one); makers of the moved
-    Allocs and Frees; the shared instructions; a maker of the moved collectives). Records each event's label in
-    `labels`. None when an instruction is not one this module knows how to move."""
+def _plan(instructions: list, labels: list[str], made: dict[type, list]) -> tuple | None:
+    """(a picker of the maker each of `instructions` (lowered with shift MARK) comes from in a copy, in order; the
+    runs' ops, durations, iterations and lows; the shared instructions). Appends its events' numbers less one, moved
+    Allocs / Frees and moved collectives to `made` (by class), each event's label to `labels`. None when an
+    instruction is not one this module knows how to move."""
     kinds: list[int] = []
     runs: tuple[list, ...] = ([], [], [], [])
-    events: tuple[list[int], list[int]] = ([], [])
-    memory: tuple[list, list] = ([], [])
     same: list = []
-    collectives: list[tuple] = []
     for instruction in instructions:
         kind = type(instruction)
         if kind is Run:
@@ -81,13 +88,12 @@ def _plan(instructions: list, labels: list[str]) -> tuple | None:
             if labels[index] not in ("", label + "#"):
                 return None                       # one number, two labels: not made by _Streams.event
             labels[index] = label + "#"
-            code = _SIGNAL if kind is Signal else _WAIT
-            events[code - _SIGNAL].append(index)
-            kinds.append(code)
+            made[kind].append(index)
+            kinds.append(_SIGNAL if kind is Signal else _WAIT)
         elif kind is Blocking or kind is Collective:
             collective = instruction[0] if kind is Blocking else instruction
             if _moved(collective.allocs) or _moved(collective.frees):
-                collectives.append((collective, instruction[1] if kind is Blocking else None))
+                made[Collective].append((collective, instruction[1] if kind is Blocking else None))
                 kinds.append(_COLLECTIVE)
             elif collective.moved is not None:
                 return None
@@ -96,18 +102,14 @@ def _plan(instructions: list, labels: list[str]) -> tuple | None:
                 kinds.append(_SAME)
         elif kind is Alloc or kind is Free:
             if _moved(instruction.tensors):
-                code = _ALLOC if kind is Alloc else _FREE
-                memory[code - _ALLOC].append(instruction)
-                kinds.append(code)
+                made[kind].append(instruction)
+                kinds.append(_ALLOC if kind is Alloc else _FREE)
             else:
                 same.append(instruction)
                 kinds.append(_SAME)
         else:
             return None
-    return (_picker(kinds), tuple(map(tuple, runs)), tuple(_picker(numbers) if numbers else None
-                                                           for numbers in events),
-            tuple(_memory_maker(kind, made) for kind, made in zip((Alloc, Free), memory)), tuple(same),
-            _collective_maker(collectives))
+    return _picker(kinds), tuple(map(tuple, runs)), tuple(same)
 
 
 def _picker(indices: list[int]):
@@ -144,20 +146,28 @@ def _slotted(kind: type, count: int, *columns) -> list:
     return made
 
 
+def _events_maker(kind: type, numbers: list[int]):
+    """A function of a copy's event names (by number less one) giving an iterator over its Signals (or WaitFors)."""
+    if not numbers:
+        return lambda names: None
+    pick, count = _picker(numbers), len(numbers)
+    return lambda names: iter(_slotted(kind, count, pick(names)))
+
+
 def _memory_maker(kind: type, instructions: list):
-    """A function of the shift giving the moved Allocs (or Frees) `instructions` for that copy (None: there are none)."""
+    """A function of the shift giving an iterator over the moved Allocs (or Frees) `instructions` for that copy."""
     if not instructions:
-        return None
+        return lambda shift: None
     tensors, reasons = _mover([ins.tensors for ins in instructions]), tuple(ins.reason for ins in instructions)
-    return lambda shift: _slotted(kind, len(reasons), tensors(shift), reasons)
+    return lambda shift: iter(_slotted(kind, len(reasons), tensors(shift), reasons))
 
 
 def _collective_maker(collectives: list[tuple]):
-    """A function of the shift giving the moved collectives (each a Blocking where its stream is not None) for
-    that copy: column by column, their `moved` with the copy's shift (None where the template's is None)."""
+    """A function of the shift giving an iterator over the moved collectives (each a Blocking where its stream is not
+    None) for that copy: column by column, their `moved` with the copy's shift (None where the template's is None)."""
     count = len(collectives)
     if not count:
-        return lambda shift: ()
+        return lambda shift: None
     made = [collective for collective, _ in collectives]
     fixed = [tuple(getattr(c, name) for c in made) for name in ("name", "kind", "group", "size_bytes")]
     allocs, frees = _mover([c.allocs for c in made]), _mover([c.frees for c in made])
@@ -180,40 +190,28 @@ def _collective_maker(collectives: list[tuple]):
         posts = _slotted(Collective, count, *fixed, allocs(shift), frees(shift), iterations, moved(shift))
         if None not in streams:
             return map(new_blocking, repeat(Blocking), zip(posts, streams))
-        return [post if stream is None else new_blocking(Blocking, (post, stream))
-                for post, stream in zip(posts, streams)]
+        return iter([post if stream is None else new_blocking(Blocking, (post, stream))
+                     for post, stream in zip(posts, streams)])
     return make
-
-
-def _events(kind: type, pick, events: list[str]):
-    """Iterator over the Signals (or WaitFors) of the events `pick` takes from a copy's `events` (None: none)."""
-    if pick is None:
-        return None
-    names = pick(events)
-    return iter(_slotted(kind, len(names), names))
-
-
-def _make(plan: tuple, events: list[str], shift: int):
-    """Iterator over the plan's instructions for the copy moved by `shift` whose events are `events` (by number
-    less one): one iterator per kind of instruction, each drawn from in instruction order (`pick`)."""
-    pick, (ops, durations, iterations, lows), (signals, waits), (allocs, frees), same, collectives = plan
-    makers = (map(new_run, repeat(Run), zip(ops, durations, iterations, repeat(shift), lows)),
-              _events(Signal, signals, events), _events(WaitFor, waits, events),
-              iter(allocs(shift)) if allocs else None,
-              iter(frees(shift)) if frees else None,
-              iter(same),
-              iter(collectives(shift)))
-    return map(next, pick(makers))
 
 
 def apply(template: tuple, streams, shift: int) -> None:
     """Append the template's instructions for the copy moved by `shift` to `streams` (a _Streams), with its
-    events numbered after the streams' own, as `overlapped` would have made them."""
-    labels, compute, other = template
+    events numbered after the streams' own, as `overlapped` would have made them.
+
+    Each kind of instruction is made in bulk for all streams, then each stream draws from the kinds' iterators in
+    its instruction order (`pick`), the streams in the order the template's were recorded.
+    """
+    labels, signals, waits, allocs, frees, collectives, plans = template
     count = streams.count
     # Each event's name made once, shared by its Signal and its WaitFor (equal strings either way).
-    events = list(map(add, labels, map(str, range(count + 1, count + len(labels) + 1))))
-    streams.compute += _make(compute, events, shift)
-    for name, plan in other:
-        streams.stream(name).extend(_make(plan, events, shift))
+    names = list(map(add, labels, map(str, range(count + 1, count + len(labels) + 1))))
+    shared = (signals(names), waits(names), allocs(shift), frees(shift), collectives(shift))
+    for name, pick, (ops, durations, iterations, lows), same in plans:
+        made = map(next, pick((map(new_run, repeat(Run), zip(ops, durations, iterations, repeat(shift), lows)),
+                               *shared, iter(same))))
+        if name is None:
+            streams.compute += made
+        else:
+            streams.stream(name).extend(made)
     streams.count = count + len(labels)
