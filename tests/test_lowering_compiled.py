@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from simulator.parallel.lower_multi import _Streams, lower_multi
@@ -133,3 +135,26 @@ def test_rank_set_up_outside_copies_finds_what_a_whole_scan_finds(case):
         compute = program.streams["compute"]
         assert all({type(ins) for ins in compute[start:end]} <= {Run, Blocking} for start, end, *_ in program.copies)
         assert set_up(program) == set_up(replace(program, copies=()))
+
+
+@pytest.mark.parametrize("peer, size", [(3, 5.0), (0, 0.0), (-1, 5.0), (True, 1.0), (2, float("nan")), (2, -1.0),
+                                        ("1", 2.0)])
+def test_fast_send_recv_and_free_are_what_the_constructors_make(peer, size):
+    from simulator.errors import PlanError
+    from simulator.parallel.program import Free, Recv, Send, free, recv, send
+
+    for fast, slow, extra in ((send, Send, ("t", 1)), (recv, Recv, ("t", (4, 5), 1))):
+        try:
+            expected = slow("x", peer, size, *extra)
+        except PlanError as error:
+            with pytest.raises(PlanError, match=re.escape(str(error))):
+                fast("x", peer, size, *extra)
+            continue
+        made = fast("x", peer, size, *extra)
+        assert type(made) is slow and made == expected and hash(made) == hash(expected)
+        assert repr(made) == repr(expected)
+        with pytest.raises(AttributeError):
+            made.peer = 0                     # frozen like any instance
+        fast("x", peer, size, *extra)         # the pair is validated once, then skipped: still the same value
+    made = free((1, 2), "r")
+    assert type(made) is Free and made == Free((1, 2), "r") and repr(made) == repr(Free((1, 2), "r"))

@@ -44,8 +44,8 @@ from simulator.parallel.offload_lowering import lower_offload
 from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Blocking, Collective, Free,
-                                        Instruction, Mark, Period, Program, Recv, Run, Send, Signal,
-                                        WaitFor, checked_collective, signal, wait_for)
+                                        Instruction, Mark, Period, Program, Run, Signal, WaitFor,
+                                        checked_collective, free, recv, send, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
 from simulator.parallel.tp_overlap import Overlap, plan_overlaps, split_gemm
@@ -811,13 +811,13 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
             size, sent = mb.input_grad_bytes, mb.input_grad
         ready = streams.event(f"send.{tag}")
         compute.append(signal(ready))
-        stream: list[Instruction] = [wait_for(ready), Send(name, peer, float(size), tag, it)]
+        stream: list[Instruction] = [wait_for(ready), send(name, peer, float(size), tag, it)]
         streams.stream(f"{SEND_STREAM}.{kind}")            # created in program order, filled by post_sends
         sends = streams.sends.setdefault(f"{SEND_STREAM}.{kind}", [])
         sends.append((streams.consumer_position[transfer.consumer.key], len(sends), stream))
         if sent is not None:
             # The runtime holds the tensor until its send has completed (the request keeps it alive).
-            stream.append(Free((sent,), f"{kind} sent"))
+            stream.append(free((sent,), f"{kind} sent"))
         if not streams.overlap.overlap_p2p_comm:
             # A blocking send: the stage's next action waits for it (after the recvs posted for that action, as
             # Megatron's batched send_forward_recv_backward waits for both).
@@ -832,7 +832,7 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
     allocs, size = (received,), mine[chunk].tensors[received].nbytes
     post, done = streams.event(f"post.{tag}"), streams.event(f"recv.{tag}")
     compute.append(signal(post))
-    streams.stream(RECV_STREAM).extend([wait_for(post), Recv(name, peer, float(size), tag, allocs, it),
+    streams.stream(RECV_STREAM).extend([wait_for(post), recv(name, peer, float(size), tag, allocs, it),
                                         signal(done)])
     compute.append(wait_for(done))
 

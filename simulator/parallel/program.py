@@ -267,6 +267,67 @@ def checked_collective(name: str, kind: str, group: tuple[int, ...], size_bytes:
     return instance
 
 
+class _SendSlots:
+    __slots__ = Send.__slots__
+
+
+class _RecvSlots:
+    __slots__ = Recv.__slots__
+
+
+class _FreeSlots:
+    __slots__ = Free.__slots__
+
+
+_CHECKED_MESSAGES: set[tuple[int, float]] = set()    # (peer, size_bytes) a Send or Recv constructor validated
+
+
+def _check_message(kind: type, name: str, peer: int, size_bytes: float) -> None:
+    """Raise what kind(...)'s validation raises for this peer and size, checking each (int, float) pair once."""
+    if type(peer) is int and type(size_bytes) is float and (peer, size_bytes) in _CHECKED_MESSAGES:
+        return
+    _check_rank(kind.__name__.lower(), name, "peer", peer)
+    _check_size(kind.__name__.lower(), name, size_bytes)
+    if type(peer) is int and type(size_bytes) is float:
+        _CHECKED_MESSAGES.add((peer, size_bytes))
+
+
+def send(name: str, peer: int, size_bytes: float, tag: str, iteration: int) -> Send:
+    """Send(name, peer, size_bytes, tag, iteration), built fast (as checked_collective; validated as Send is)."""
+    _check_message(Send, name, peer, size_bytes)
+    instance = _SendSlots()
+    instance.name = name
+    instance.peer = peer
+    instance.size_bytes = size_bytes
+    instance.tag = tag
+    instance.iteration = iteration
+    instance.__class__ = Send
+    return instance
+
+
+def recv(name: str, peer: int, size_bytes: float, tag: str, allocs: tuple[int, ...], iteration: int) -> Recv:
+    """Recv(name, peer, size_bytes, tag, allocs, iteration), built fast (validated as Recv is)."""
+    _check_message(Recv, name, peer, size_bytes)
+    instance = _RecvSlots()
+    instance.name = name
+    instance.peer = peer
+    instance.size_bytes = size_bytes
+    instance.tag = tag
+    instance.allocs = allocs
+    instance.iteration = iteration
+    instance.__class__ = Recv
+    return instance
+
+
+def free(tensors: tuple[int, ...], reason: str) -> Free:
+    """Free(tensors, reason), built fast."""
+    instance = _FreeSlots()
+    instance.tensors = tensors
+    instance.reason = reason
+    instance.__class__ = Free
+    return instance
+
+
 class Blocking(NamedTuple):
     """A collective the compute stream waits for at once (Megatron's tensor-parallel ones), posted on `stream`.
 
