@@ -6,7 +6,8 @@ from collections import deque
 from itertools import repeat
 from operator import add, itemgetter
 
-from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal, WaitFor
+from simulator.parallel.program import (Alloc, Blocking, Collective, Free, Run, Signal, WaitFor, alloc, checked_collective,
+                                        free, signal, wait_for)
 from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, ON_COMM_STREAM, OPTIMIZER_STEP
 
 # A micro-batch copy moves the ids at or above `low` by its shift. The template is lowered with this shift, far
@@ -21,6 +22,10 @@ _new_instance = object.__new__
 # The slots' own setters: a frozen dataclass's __init__ sets each field through object.__setattr__ (several
 # times slower); called from map, setting a slot costs no Python call (program.signal does it one by one).
 _SETTERS = {kind: tuple(kind.__dict__[name].__set__ for name in kind.__slots__) for kind in (*_KINDS, Collective)}
+# Below this many instances of a class in a copy, each is made by its fast constructor (program.py) instead: the
+# bulk path's fixed cost (a few C calls per field) outweighs its saving (GPT-3 530B's templates are ~70 instructions).
+_BULK = 8
+_ONE_BY_ONE = {Signal: signal, WaitFor: wait_for, Alloc: alloc, Free: free, Collective: checked_collective}
 
 
 def templatable(ops) -> bool:
@@ -134,12 +139,17 @@ def _mover(tuples: list[tuple[int, ...]]):
     if all(len(ids) == 1 and ids[0] >= MARK for ids in tuples):
         bases = tuple(ids[0] - MARK for ids in tuples)
         return lambda shift: zip(map(add, bases, repeat(shift)))
+    if all(len(ids) == 1 or not _moved(ids) for ids in tuples):
+        pairs = tuple((ids, ids[0] - MARK if _moved(ids) else None) for ids in tuples)
+        return lambda shift: [ids if base is None else (base + shift,) for ids, base in pairs]
     return lambda shift: [_ids(ids, shift) for ids in tuples]
 
 
 def _slotted(kind: type, count: int, *columns) -> list:
     """kind(*fields) for each of `count` rows of the columns (a frozen slots dataclass, its __post_init__ not run:
-    the fields are an instance's of the template), made in bulk by the slots' setters."""
+    the fields are an instance's of the template): in bulk by the slots' setters, one by one when there are few."""
+    if count < _BULK:
+        return list(map(_ONE_BY_ONE[kind], *columns))
     made = list(map(_new_instance, repeat(kind, count)))
     for setter, column in zip(_SETTERS[kind], columns):
         deque(map(setter, made, column), 0)

@@ -275,6 +275,10 @@ class _RecvSlots:
     __slots__ = Recv.__slots__
 
 
+class _AllocSlots:
+    __slots__ = Alloc.__slots__
+
+
 class _FreeSlots:
     __slots__ = Free.__slots__
 
@@ -316,6 +320,15 @@ def recv(name: str, peer: int, size_bytes: float, tag: str, allocs: tuple[int, .
     instance.allocs = allocs
     instance.iteration = iteration
     instance.__class__ = Recv
+    return instance
+
+
+def alloc(tensors: tuple[int, ...], reason: str) -> Alloc:
+    """Alloc(tensors, reason), built fast."""
+    instance = _AllocSlots()
+    instance.tensors = tensors
+    instance.reason = reason
+    instance.__class__ = Alloc
     return instance
 
 
