@@ -6,6 +6,7 @@ import pytest
 
 from simulator.parallel.lower_multi import _Streams, lower_multi
 from simulator.parallel.overlap import OverlapOptions
+from simulator.parallel.overlap_templates import MARK
 from simulator.parallel.program import Blocking, Collective, Run
 from tests.test_lowering_compiled import _doc
 from tests.test_stage_copies import _setup
@@ -72,3 +73,37 @@ def _shared(programs) -> list:
                     out.append(None if moved is None else (name(moved[0]), name(moved[1]), moved))
     return out
 
+
+
+@pytest.mark.parametrize("bulk", [0, 10 ** 9], ids=["all-in-bulk", "all-one-by-one"])
+def test_copies_made_in_bulk_or_one_by_one_are_the_same(bulk, monkeypatch):
+    # overlap_templates makes a class's instances of a copy in bulk (slot setters) from _BULK of them on, else one
+    # by one (program.py's fast constructors): both give the programs lowering each copy gives.
+    from simulator.parallel import overlap_templates
+
+    doc = _doc("pcie-4x4090", "1f1b", "full", "megatron", 6, tp=2, pp=2, sequence_parallel=True)
+    monkeypatch.setattr(overlap_templates, "_BULK", bulk)
+    applied = []
+    real = overlap_templates.apply
+    monkeypatch.setattr(overlap_templates, "apply", lambda *args: applied.append(real(*args)))
+    overlap = OVERLAPS[1]
+    fast = _programs(doc, overlap, False)
+    assert applied                   # copies were made from a template
+    monkeypatch.setattr(_Streams, "templates_on", False)
+    slow = _programs(doc, overlap, False)
+    assert [p.streams for p in fast] == [p.streams for p in slow]
+    assert _shared(fast) == _shared(slow)
+
+
+@pytest.mark.parametrize("tuples", [
+    [(1, 2), ()],                                                   # none moves
+    [(MARK + 3,), (MARK,)],                                         # each one moved id
+    [(MARK + 3,), (4,), (), (MARK + 9,)],                           # one-id moved among unmoved
+    [(MARK + 3, 4), (MARK + 1,), (5, MARK + 2, MARK + 7), ()],      # any
+])
+def test_mover_moves_as_ids_does(tuples):
+    from simulator.parallel.overlap_templates import _ids, _mover
+
+    mover = _mover(tuples)
+    for shift in (0, 17, 1 << 40):
+        assert list(mover(shift)) == [_ids(ids, shift) for ids in tuples]
