@@ -45,7 +45,7 @@ from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import (COMM_STREAM, RECV_STREAM, SEND_STREAM, Alloc, Blocking, Collective, Free,
                                         Instruction, Mark, Period, Program, Run, Signal, WaitFor,
-                                        checked_collective, free, recv, send, signal, wait_for)
+                                        alloc, checked_collective, free, recv, send, signal, wait_for)
 from simulator.parallel.schedule_check import CommStep, program as schedule_program
 from simulator.parallel.schedules import Action, Schedule
 from simulator.parallel.tp_overlap import Overlap, plan_overlaps, split_gemm
@@ -286,19 +286,11 @@ class _Streams:
         fixed = fixed_by_iteration.get(iteration)
         if fixed is None:
             fixed = fixed_by_iteration[iteration] = self._unmoved_blockings(unmoved, iteration, shift, low)
-        pick, ops, durations = interleaving
-        made = [new_blocking(Blocking, (checked_collective(
-                    op_name, kind, group, size_bytes,
-                    (allocs[0] + shift,) if move_allocs == 1 else allocs if move_allocs == 0
-                    else tuple([v + shift if v >= low else v for v in allocs]),
-                    (frees[0] + shift,) if move_frees == 1 else frees if move_frees == 0
-                    else tuple([v + shift if v >= low else v for v in frees]),
-                    iteration, (allocs, frees, shift, low)), name))
-                for _, op_name, kind, group, size_bytes, name, allocs, frees, move_allocs, move_frees in moved]
+        pick, ops, durations, blockings = interleaving
         start = len(self.compute)
         self.compute += map(next, pick((map(new_run, repeat(Run), zip(ops, durations, repeat(iteration),
                                                                          repeat(shift), repeat(low))),
-                                        iter(fixed), iter(made))))
+                                        iter(fixed), blockings(shift, low, iteration))))
         self.copies.append((start, len(self.compute), timed, iteration, low, specials))
 
     def _templated(self, timed: _TimedOps, overlaps: tuple[Overlap, ...], iteration: int, shift: int,
@@ -466,9 +458,9 @@ class _Streams:
         allocs, frees = (moved_ids(op.allocs, shift, low), moved_ids(op.frees, shift, low)) if shift else \
             (op.allocs, op.frees)
         if allocs:
-            self.compute.append(Alloc(allocs, f"{op.name} (ran beside its GEMM)"))
+            self.compute.append(alloc(allocs, f"{op.name} (ran beside its GEMM)"))
         if frees:
-            self.compute.append(Free(frees, f"{op.name} (ran beside its GEMM)"))
+            self.compute.append(free(frees, f"{op.name} (ran beside its GEMM)"))
 
     def collective_of(self, run: Run, fraction: float, memory: bool, suffix: str) -> tuple:
         """(Collective for `fraction` of `run`'s collective, with its moved memory or none, its stream's name and
@@ -517,7 +509,37 @@ def _interleaving(timed: _TimedOps, specials: tuple) -> tuple:
         source[index] = 2
     plain = [k for k, code in enumerate(source) if code == 0]
     pick = itemgetter(*source) if len(source) > 1 else (lambda makers: tuple(makers[code] for code in source))
-    return pick, tuple(timed.ops[k] for k in plain), tuple(timed.durations[k] for k in plain)
+    return pick, tuple(timed.ops[k] for k in plain), tuple(timed.durations[k] for k in plain), _moved_blockings(moved)
+
+
+def _moved_blockings(moved: tuple):
+    """A function of (shift, low, iteration) giving an iterator over the Blocking instructions of `_compile`'s moved
+    collectives for that copy, made column by column (overlap_templates.instances); one-id tuples by `zip`."""
+    if not moved:
+        return lambda shift, low, iteration: iter(())
+    fixed = [tuple(entry[k] for entry in moved) for k in (1, 2, 3, 4)]     # op name, kind, group, size
+    streams = tuple(entry[5] for entry in moved)
+    allocs, frees = tuple(entry[6] for entry in moved), tuple(entry[7] for entry in moved)
+
+    def mover(tuples: tuple, modes: tuple):
+        if all(mode == 0 for mode in modes):
+            return lambda shift, low: tuples
+        if all(mode == 1 for mode in modes):
+            bases = tuple(ids[0] for ids in tuples)
+            return lambda shift, low: zip(map(add, bases, repeat(shift)))
+        return lambda shift, low: [(ids[0] + shift,) if mode == 1 else ids if mode == 0
+                                   else tuple([v + shift if v >= low else v for v in ids])
+                                   for ids, mode in zip(tuples, modes)]
+
+    move_allocs, move_frees = mover(allocs, tuple(e[8] for e in moved)), mover(frees, tuple(e[9] for e in moved))
+    count = len(moved)
+
+    def make(shift: int, low: int, iteration: int):
+        posts = overlap_templates.instances(Collective, count, *fixed, move_allocs(shift, low),
+                                            move_frees(shift, low), repeat(iteration),
+                                            zip(allocs, frees, repeat(shift), repeat(low)))
+        return map(new_blocking, repeat(Blocking), zip(posts, streams))
+    return make
 
 
 def _moves(ids: tuple[int, ...], low: int) -> int:
@@ -748,7 +770,7 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
                 region = streams.regions[action.chunk] = _copy_region(workload)
             streams.compute.append(Period(f"F{action.chunk}", mb.shift, *region))
         if mb.inputs:
-            streams.compute.append(Alloc(mb.inputs, f"micro-batch {action.microbatch} inputs"))
+            streams.compute.append(alloc(mb.inputs, f"micro-batch {action.microbatch} inputs"))
         streams.microbatch(forward, it, mb.shift, mb.low)
         return
     if action.kind in ("B", "I"):
@@ -766,7 +788,7 @@ def _action(streams: _Streams, action: Action, mine: dict[int, StageWorkload], t
     if mb.output is not None and action.kind != "W":
         done = (mb.output,) + done            # the stage output the runtime kept for this backward
     if done:
-        streams.compute.append(Free(done, f"micro-batch {action.microbatch} done"))
+        streams.compute.append(free(done, f"micro-batch {action.microbatch} done"))
 
 
 def _is_param_gather(op: Op) -> bool:

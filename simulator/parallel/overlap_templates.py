@@ -6,8 +6,8 @@ from collections import deque
 from itertools import repeat
 from operator import add, itemgetter
 
-from simulator.parallel.program import (Alloc, Blocking, Collective, Free, Run, Signal, WaitFor, alloc, checked_collective,
-                                        free, signal, wait_for)
+from simulator.parallel.program import (Alloc, Blocking, Collective, Free, Run, Signal, WaitFor, alloc,
+                                        checked_collective, free, signal, wait_for)
 from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, ON_COMM_STREAM, OPTIMIZER_STEP
 
 # A micro-batch copy moves the ids at or above `low` by its shift. The template is lowered with this shift, far
@@ -145,7 +145,7 @@ def _mover(tuples: list[tuple[int, ...]]):
     return lambda shift: [_ids(ids, shift) for ids in tuples]
 
 
-def _slotted(kind: type, count: int, *columns) -> list:
+def instances(kind: type, count: int, *columns) -> list:
     """kind(*fields) for each of `count` rows of the columns (a frozen slots dataclass, its __post_init__ not run:
     the fields are an instance's of the template): in bulk by the slots' setters, one by one when there are few."""
     if count < _BULK:
@@ -161,7 +161,7 @@ def _events_maker(kind: type, numbers: list[int]):
     if not numbers:
         return lambda names: None
     pick, count = _picker(numbers), len(numbers)
-    return lambda names: iter(_slotted(kind, count, pick(names)))
+    return lambda names: iter(instances(kind, count, pick(names)))
 
 
 def _memory_maker(kind: type, instructions: list):
@@ -169,7 +169,7 @@ def _memory_maker(kind: type, instructions: list):
     if not instructions:
         return lambda shift: None
     tensors, reasons = _mover([ins.tensors for ins in instructions]), tuple(ins.reason for ins in instructions)
-    return lambda shift: iter(_slotted(kind, len(reasons), tensors(shift), reasons))
+    return lambda shift: iter(instances(kind, len(reasons), tensors(shift), reasons))
 
 
 def _collective_maker(collectives: list[tuple]):
@@ -197,7 +197,7 @@ def _collective_maker(collectives: list[tuple]):
     streams = tuple(stream for _, stream in collectives)
 
     def make(shift: int):
-        posts = _slotted(Collective, count, *fixed, allocs(shift), frees(shift), iterations, moved(shift))
+        posts = instances(Collective, count, *fixed, allocs(shift), frees(shift), iterations, moved(shift))
         if None not in streams:
             return map(new_blocking, repeat(Blocking), zip(posts, streams))
         return iter([post if stream is None else new_blocking(Blocking, (post, stream))
