@@ -14,7 +14,7 @@ from simulator.engine.logs import IntervalLog, SpanLog
 from simulator.engine.memory import RankMemory
 from simulator.engine.memory_log import MAX_STREAMS, MemoryLog
 from simulator.errors import PlanError
-from simulator.parallel.program import Collective, Period, Program, Recv, Send, Signal, Transfer, WaitFor
+from simulator.parallel.program import Collective, Period, Program, Recv, Run, Send, Signal, Transfer, WaitFor
 from simulator.trace.records import RankTrace
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 _event_of = attrgetter("event")
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
+MAX_OVERLAPPED_RUNS = 8       # runs between a Signal and the WaitFor of an overlapped inline collective, at most
 
 
 def _outside(instructions: tuple, copies: tuple) -> tuple[Sequence[int], Sequence]:
@@ -103,39 +104,54 @@ class RankState:
         # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
         self.inline_plans: dict[str, tuple[str, int]] = {}
+        # Overlapped inline candidates (executor._overlap): compute Signal(r) at i -> (S, k, j - i) with S[k:k+3] =
+        # WaitFor(r), a Collective that allocates and frees nothing, Signal(d), and compute[j] = WaitFor(d) after
+        # only runs (the collective runs beside them, as Megatron's overlapped TP backward posts it).
+        self.overlap_plans: dict[str, tuple[str, int, int]] = {}
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         if options.inline_collectives:
-            self._plan_inline(waiting, signalled, compute_signals)
+            self._plan_inline(waiting, signalled, compute_signals, options.inline_overlapped)
 
     def _plan_inline(self, waiting: dict[str, tuple[str, int]], signalled: dict[str, set[str]],
-                     compute_signals: list[int]) -> None:
+                     compute_signals: list[int], overlapped: bool) -> None:
         streams = self.program.streams
         compute = streams.get(COMPUTE_STREAM, ())
         by_compute = signalled.get(COMPUTE_STREAM, set())
         by_others = set().union(*(events for name, events in signalled.items() if name != COMPUTE_STREAM))
         waiters_of, where_of, plans = self.waiters.get, waiting.get, self.inline_plans     # hot loop: locals
+        overlaps = self.overlap_plans
         last = len(compute) - 1
         for i in compute_signals:
             if i >= last:
                 continue
             signal, wait = compute[i], compute[i + 1]
-            if type(wait) is not WaitFor or waiters_of(wait.event) != 1:
-                continue
             where = where_of(signal.event)
             if where is None or where[0] == COMPUTE_STREAM or waiters_of(signal.event) != 1:
                 continue
             name, k = where
             other = streams[name]
-            if not (k + 2 < len(other) and type(other[k + 1]) is Collective and type(other[k + 2]) is Signal
-                    and other[k + 2].event == wait.event):
+            if not (k + 2 < len(other) and type(other[k + 1]) is Collective and type(other[k + 2]) is Signal):
                 continue
+            done = other[k + 2].event
             # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
             # so parking it until then changes nothing.
             after = other[k + 3] if k + 3 < len(other) else None
-            if after is None or (type(after) is WaitFor and waiters_of(after.event) == 1
-                                 and after.event in by_compute and after.event not in by_others):
+            sleeps = after is None or (type(after) is WaitFor and waiters_of(after.event) == 1
+                                       and after.event in by_compute and after.event not in by_others)
+            if not sleeps or waiters_of(done) != 1:
+                continue
+            if type(wait) is WaitFor and wait.event == done:
                 plans[signal.event] = (name, k)
+                continue
+            joined = where_of(done)
+            collective = other[k + 1]
+            if not overlapped or after is None or joined is None or joined[0] != COMPUTE_STREAM \
+                    or collective.allocs or collective.frees:
+                continue
+            j = joined[1]
+            if i + 1 < j <= i + MAX_OVERLAPPED_RUNS + 1 and all(type(x) is Run for x in compute[i + 1:j]):
+                overlaps[signal.event] = (name, k, j - i)
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
         """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (executor._inline):
