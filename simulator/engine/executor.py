@@ -411,6 +411,10 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
             if op.frees:
                 log_word(compute_word | (index - 1) << 12 | RUN_FREE)
                 log_time(now)
+        elif kind is Alloc or kind is Free:
+            index += 1
+            log_word(compute_word | (index - 1) << 12 | (ALLOC if kind is Alloc else FREE))
+            log_time(now)
         elif kind is Signal:
             plan = inline_plans.get(instruction.event)
             if plan is None:
