@@ -121,37 +121,51 @@ class RankState:
         by_others = set().union(*(events for name, events in signalled.items() if name != COMPUTE_STREAM))
         waiters_of, where_of, plans = self.waiters.get, waiting.get, self.inline_plans     # hot loop: locals
         overlaps = self.overlap_plans
+        signal_at = {compute[i].event: i for i in reversed(compute_signals)} if overlapped else {}   # first
         last = len(compute) - 1
         for i in compute_signals:
             if i >= last:
                 continue
-            signal, wait = compute[i], compute[i + 1]
-            where = where_of(signal.event)
-            if where is None or where[0] == COMPUTE_STREAM or waiters_of(signal.event) != 1:
+            ready = compute[i].event
+            where = where_of(ready)
+            if where is None or waiters_of(ready) != 1:
                 continue
             name, k = where
-            other = streams[name]
-            if not (k + 2 < len(other) and type(other[k + 1]) is Collective and type(other[k + 2]) is Signal):
+            if name == COMPUTE_STREAM:
                 continue
-            done = other[k + 2].event
+            other = streams[name]
+            if k + 2 >= len(other):
+                continue
+            collective, signal = other[k + 1], other[k + 2]
+            if type(collective) is not Collective or type(signal) is not Signal:
+                continue
+            done = signal.event
+            if waiters_of(done) != 1:
+                continue
             # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
             # so parking it until then changes nothing.
             after = other[k + 3] if k + 3 < len(other) else None
-            sleeps = after is None or (type(after) is WaitFor and waiters_of(after.event) == 1
-                                       and after.event in by_compute and after.event not in by_others)
-            if not sleeps or waiters_of(done) != 1:
+            if after is not None and not (type(after) is WaitFor and waiters_of(after.event) == 1
+                                          and after.event in by_compute and after.event not in by_others):
                 continue
+            wait = compute[i + 1]
             if type(wait) is WaitFor and wait.event == done:
-                plans[signal.event] = (name, k)
+                plans[ready] = (name, k)
+                continue
+            if not overlapped or after is None or collective.allocs or collective.frees:
                 continue
             joined = where_of(done)
-            collective = other[k + 1]
-            if not overlapped or after is None or joined is None or joined[0] != COMPUTE_STREAM \
-                    or collective.allocs or collective.frees:
+            if joined is None or joined[0] != COMPUTE_STREAM:
                 continue
+            # The collective runs beside the runs up to compute's WaitFor(done): executor._overlap. (Its stream's next
+            # ready is signalled by the compute stream only, after i: never before the compute stream gets there.)
             j = joined[1]
-            if i + 1 < j <= i + MAX_OVERLAPPED_RUNS + 1 and all(type(x) is Run for x in compute[i + 1:j]):
-                overlaps[signal.event] = (name, k, j - i)
+            if i + 1 < j <= i + MAX_OVERLAPPED_RUNS + 1 and signal_at.get(after.event, -1) > j:
+                for x in range(i + 1, j):
+                    if type(compute[x]) is not Run:
+                        break
+                else:
+                    overlaps[ready] = (name, k, j - i)
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
         """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (executor._inline):

@@ -89,6 +89,9 @@ class StretchRecord:
     final: int = field(init=False)             # the point of the clock at the end
     logged: tuple = field(init=False)          # (words, bases, sample picker) as the memory log gets them: each
                                                # piece after its STRETCH word (base "", time the shift: point -1)
+    columns: tuple = field(init=False)         # numpy arrays to apply it: (logged words, their bases' numbers,
+                                               # bases' streams, sample points, span start and end points)
+    probe: tuple = field(init=False)           # (position, op) of its last run: a cheap first test of a match
 
     def __post_init__(self) -> None:
         positions, ops, durations, iterations, lows = zip(*self.runs)
@@ -136,6 +139,13 @@ class StretchRecord:
             bases += self.memory_bases[first:first + calls]
             steps += self.sample_steps[first:first + calls]
         self.logged = (tuple(words), tuple(bases), _picker(steps))
+        import numpy as np      # (here: a run without a stretch record does not need it in the engine)
+        names = list(dict.fromkeys(bases))
+        self.columns = (np.array(words, dtype=np.int64), np.array([names.index(b) for b in bases], dtype=np.intp),
+                        tuple(names), np.array(steps, dtype=np.intp),
+                        np.array([a for a, _ in self.span_points], dtype=np.intp),
+                        np.array([b for _, b in self.span_points], dtype=np.intp))
+        self.probe = (self.runs[-1][0], self.runs[-1][1])
 
     def times(self, start_s: float) -> list[float]:
         """The stretch's points started at `start_s`: the same float operations as the executor's, in order."""
@@ -148,16 +158,17 @@ class StretchRecord:
         else:
             points = [start_s]
         clock = fork = points[-1]
+        extend, append = points.extend, points.append
         for code, value in program:
             if code is ADD:
-                points += accumulate(value, initial=clock)    # (the clock again first: a point of its own)
+                extend(accumulate(value, initial=clock))      # (the clock again first: a point of its own)
                 clock = points[-1]
             elif code is FORK:
                 fork = clock + value
-                points.append(fork)
+                append(fork)
             else:
                 clock = max(clock, fork)                        # (blocks do not nest: the latest fork)
-                points.append(clock)
+                append(clock)
         return points
 
     def run_spans(self, times: list[float]) -> tuple:
@@ -225,18 +236,25 @@ class Stretches:
         # The same part of a copy of the same template is the same instructions but for the shift: the runs and
         # Blocking collectives match without a look at them. Such records are tried first: one learned from the
         # template's own micro-batch (not moved) matches a moved copy's runs but rarely its collectives.
-        candidates = [(record, index + record.length) for record in records
-                      if index + record.length <= len(instructions)]
+        count = len(instructions)
+        candidates = [(record, index + record.length) for record in records if index + record.length <= count]
         copied = [record.copy is not None and self.copy_of(index, end) == record.copy for record, end in candidates]
         for (record, end), same_copy in sorted(zip(candidates, copied), key=lambda pair: not pair[1]):
-            if not same_copy and not _runs_match(record.run_columns, instructions[index:end], first.shift):
-                continue
+            if not same_copy:
+                position, op = record.probe
+                last = instructions[index + position]
+                if type(last) is not Run or last.op is not op \
+                        or not _runs_match(record.run_columns, instructions[index:end], first.shift):
+                    continue
             if record.others and not _others_match(record.other_columns, instructions[index:end]):
                 continue
             starts = self._inline_starts(state, network, instructions, index, record, same_copy, now_s)
             if starts is None:
                 continue
             self.replayed += 1
+            if records[0] is not record:          # the one that matched is tried first next time
+                records.remove(record)
+                records.insert(0, record)
             return end, self._apply(state, network, index, first.shift, now_s, record, starts)
         return None
 
@@ -285,19 +303,22 @@ class Stretches:
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
                 return None
+        plans = state.overlap_plans
         for position, name, dk, gap, recorded in record.overlaps:
+            # (RankState._plan_inline made sure the stream's wait after the collective is not signalled before the
+            # compute stream passes this block: only the inlined stream's position and collective are checked.)
             signal = instructions[index + position]
             if type(signal) is not Signal:
                 return None
-            plan = state.overlap_plans.get(signal.event)
+            plan = plans.get(signal.event)
             if plan is None or plan[0] != name or plan[2] != gap:
                 return None
             k = plan[1]
             first_k = starts.setdefault(name, k - dk)
             if k - dk != first_k:
                 return None
-            other = streams[name]
-            if not _same_collective(other[k + 1], recorded, (recorded.allocs, recorded.frees), shift, low):
+            collective = streams[name][k + 1]
+            if collective is not recorded and not _same_collective(collective, recorded, ((), ()), shift, low):
                 return None
             if k == first_k:
                 if not state.can_inline(name, k, signal.event) or name in state.offload_streams:
@@ -305,9 +326,6 @@ class Stretches:
                 transfers = state.stream_transfers.get(name)
                 if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
                     return None                  # _expose would find more of that stream than the record did
-            after = state.events.get(other[k + 3].event)
-            if after is not None and after.triggered:
-                return None
         if (record.inlines or record.overlaps) and network is None:
             return None
         return starts
@@ -315,18 +333,21 @@ class Stretches:
     def _apply(self, state: RankState, network, index: int, shift: int, now_s: float, record: StretchRecord,
                starts: dict[str, int]) -> float:
         """Apply the record at `index` (its runs' shift `shift`) from `now_s`; returns the clock at its end."""
+        import numpy as np     # (imported once the first record exists)
         times = record.times(now_s)
+        words, selector, names, samples, span_starts, span_ends = record.columns
+        times.append(float(shift))                     # point -1: the STRETCH words' time
+        points = np.array(times)
+        times.pop()
         if record.memory_words:
             log = state.log
-            log.words.extend(record.words(index, starts, logged=True))    # (memory_log.apply reads STRETCH words)
-            times.append(float(shift))                                     # point -1: the STRETCH words' time
-            log.times.extend(record.logged[2](times))
-            times.pop()
+            bases = np.array([index << 12 if name == COMPUTE_STREAM else starts[name] << 12 if name else 0
+                              for name in names], dtype=np.int64)
+            log.words.frombytes((words + bases[selector]).tobytes())    # (memory_log.apply reads STRETCH words)
+            log.times.frombytes(points[samples].tobytes())
         if state.record_spans:
-            span_starts, span_ends = record.span_times
-            pack = record.span_pack
-            state.spans[COMPUTE_STREAM].extend(record.span_runs, pack(*span_starts(times)), pack(*span_ends(times)),
-                                               record.span_phases)
+            state.spans[COMPUTE_STREAM].extend(record.span_runs, points[span_starts].tobytes(),
+                                               points[span_ends].tobytes(), record.span_phases)
         streams = state.program.streams
         for name in record.streams:
             state.comm_streams[name] = None
