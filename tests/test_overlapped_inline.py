@@ -50,13 +50,13 @@ def test_overlapped_inline_changes_nothing(monkeypatch, nodes, global_batch, par
     ran, applied = _spy(monkeypatch)
     fast = _everything(api.simulate(scenario_from_dict(doc)))
     assert sum(ran) > 0 and any(applied)        # both paths taken: the comparisons compare different computations
+    assert fast == _everything(api.simulate(scenario_from_dict(doc), shortcuts=False))
     ran.clear()
     monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(inline_overlapped=False))
     assert fast == _everything(api.simulate(scenario_from_dict(doc)))
     assert not ran
     monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(stretches=False))
     assert fast == _everything(api.simulate(scenario_from_dict(doc)))
-    assert fast == _everything(api.simulate(scenario_from_dict(doc), shortcuts=False))
 
 
 def test_shortcuts_off_turns_it_off(monkeypatch):
