@@ -344,7 +344,10 @@ class NetworkModel:
                 real.update(dict.fromkeys(map(_BLOCKING_KEY, blocking)))
                 for group, posted_on in dict.fromkeys(map(_BLOCKING_POSTER, blocking)):   # on its own stream
                     posters.setdefault(group, {}).setdefault(rank, set()).add(posted_on)
-                for instruction in compress(instructions, map(_OTHER_COMMUNICATION.__contains__, kinds)):
+                communication = list(compress(instructions, map(_OTHER_COMMUNICATION.__contains__, kinds)))
+                # Micro-batch copies share most of their comm streams' instructions: each object once, in the order
+                # of its first occurrence (which keeps every key's first occurrence in order).
+                for instruction in dict(zip(map(id, communication), communication)).values():
                     kind = type(instruction)
                     if kind is Collective:
                         real[(instruction.kind, instruction.group, instruction.size_bytes)] = None
