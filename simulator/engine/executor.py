@@ -494,10 +494,9 @@ def _overlap(state: RankState, world: _World, instructions, index: int, now_s: f
     it, its span and intervals are recorded, S is parked as _inline parks it, the runs are run as the general loop
     runs them, and the WaitFor ends at max(clock, end), exposing what _expose finds of S's transfer."""
     signal = instructions[index]
-    name, k, gap = state.overlap_plans[signal.event]
+    name, k, gap, collective = state.overlap_plans[signal.event]
     if not state.can_inline(name, k, signal.event):
         return None
-    collective = state.program.streams[name][k + 1]
     rank = state.program.rank
     network = world.network(rank, collective)
     known = network.inline_answer(rank, collective)

@@ -115,7 +115,7 @@ class RankState:
         # Overlapped inline candidates (executor._overlap): compute Signal(r) at i -> (S, k, j - i) with S[k:k+3] =
         # WaitFor(r), a Collective that allocates and frees nothing, Signal(d), and compute[j] = WaitFor(d) after
         # only runs (the collective runs beside them, as Megatron's overlapped TP backward posts it).
-        self.overlap_plans: dict[str, tuple[str, int, int]] = {}
+        self.overlap_plans: dict[str, tuple[str, int, int, Collective]] = {}   # (S, k, j - i, S[k + 1])
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         if options.inline_collectives:
@@ -172,7 +172,7 @@ class RankState:
                     if type(compute[x]) is not Run:
                         break
                 else:
-                    overlaps[ready] = (name, k, j - i)
+                    overlaps[ready] = (name, k, j - i, collective)
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
         """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (executor._inline):

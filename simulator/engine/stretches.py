@@ -22,7 +22,7 @@ from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate, islice, repeat
-from operator import add, is_, itemgetter
+from operator import add, attrgetter, is_, itemgetter, sub
 from typing import TYPE_CHECKING
 
 from simulator.engine.logs import IntervalLog, doubles, packer, phase_array, positive, span_columns
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
     from simulator.engine.rank_state import RankState
 
+_EVENT = attrgetter("event")
 MIN_LENGTH = 8                # shorter stretches are not worth a record
 MAX_RECORDS = 4               # records (and failed attempts) per first op
 
@@ -44,8 +45,8 @@ class StretchRecord:
 
     Its times are points computed from the start time by `program` (see `times`): a run or a collective the compute
     stream waits for adds its duration to the clock; an overlapped collective (executor._overlap) starts at the
-    clock and ends its duration later (a point beside the clock), and the WaitFor after its runs moves the clock to
-    the later of the two. Every span, interval and memory call's time is one of these points."""
+    clock and ends its duration later (a point beside the clock), its runs add theirs, and the WaitFor after them
+    moves the clock to the later of the two. Every span, interval and memory call's time is one of these points."""
 
     length: int                       # instructions consumed
     runs: tuple                       # (position in the stretch, op, duration, iteration, low) of each run
@@ -54,7 +55,7 @@ class StretchRecord:
     overlaps: tuple                   # (position, stream, k - first k, instructions to the WaitFor, collective) of
                                       # each overlapped collective
     others: tuple                     # (position, type) of each Alloc and Free
-    program: tuple                    # (ADD, durations) / (FORK, duration) / (JOIN, point of the fork's end)
+    program: tuple                    # (ADD, durations) / (BLOCK, (collective's duration, its runs' durations))
     span_runs: tuple                  # per run: the recorded Run, a span's info (only its op and iteration are read)
     span_points: tuple                # per run: (start point, end point)
     comm: tuple                       # per collective, in the executor's order: (stream, start, end point, info)
@@ -92,6 +93,8 @@ class StretchRecord:
     columns: tuple = field(init=False)         # numpy arrays to apply it: (logged words, their bases' numbers,
                                                # bases' streams, sample points, span start and end points)
     probe: tuple = field(init=False)           # (position, op) of its last run: a cheap first test of a match
+    overlap_columns: tuple | None = field(init=False)   # its overlaps, to match them at C speed when they are all
+                                                        # on one stream that no Signal inline uses (_overlaps_match)
 
     def __post_init__(self) -> None:
         positions, ops, durations, iterations, lows = zip(*self.runs)
@@ -116,13 +119,8 @@ class StretchRecord:
         self.durations = self.program[0][1] if len(self.program) == 1 else None
         points, clock = 1, 0
         for i, (code, value) in enumerate(self.program):
-            if code is ADD:
-                points += len(value) + (1 if i else 0)
-                clock = points - 1
-            else:
-                points += 1
-                clock = points - 1 if code is JOIN else clock
-        self.final = clock
+            points += len(value) + (1 if i else 0) if code is ADD else len(value[1]) + 3
+        self.final = points - 1
         words, bases, steps = [], [], []
         piece = 0
         for first, calls in self.pieces:
@@ -146,6 +144,11 @@ class StretchRecord:
                         np.array([a for a, _ in self.span_points], dtype=np.intp),
                         np.array([b for _, b in self.span_points], dtype=np.intp))
         self.probe = (self.runs[-1][0], self.runs[-1][1])
+        names = {name for _, name, *_ in self.overlaps}
+        self.overlap_columns = None
+        if len(names) == 1 and not any(inline[1] in names for inline in self.signal_inlines):
+            positions, _, dks, gaps, collectives = zip(*self.overlaps)
+            self.overlap_columns = (_picker(positions), names.pop(), dks, gaps, collectives)
 
     def times(self, start_s: float) -> list[float]:
         """The stretch's points started at `start_s`: the same float operations as the executor's, in order."""
@@ -163,11 +166,12 @@ class StretchRecord:
             if code is ADD:
                 extend(accumulate(value, initial=clock))      # (the clock again first: a point of its own)
                 clock = points[-1]
-            elif code is FORK:
-                fork = clock + value
+            else:                                               # an overlapped collective beside runs
+                duration, runs = value
+                fork = clock + duration
                 append(fork)
-            else:
-                clock = max(clock, fork)                        # (blocks do not nest: the latest fork)
+                extend(accumulate(runs, initial=clock))
+                clock = max(points[-1], fork)
                 append(clock)
         return points
 
@@ -195,7 +199,7 @@ class StretchRecord:
         return map(add, words, map(bases.__getitem__, names))
 
 
-ADD, FORK, JOIN = 0, 1, 2     # StretchRecord.program's steps
+ADD, BLOCK = 0, 1     # StretchRecord.program's steps
 
 
 def _picker(indices) -> itemgetter:
@@ -303,6 +307,11 @@ class Stretches:
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
                 return None
+        if record.overlap_columns is not None:
+            fast = _overlaps_match(state, record.overlap_columns, instructions[index:index + record.length], starts,
+                                   now_s)
+            if fast is not None:
+                return starts if fast and network is not None else None
         plans = state.overlap_plans
         for position, name, dk, gap, recorded in record.overlaps:
             # (RankState._plan_inline made sure the stream's wait after the collective is not signalled before the
@@ -317,7 +326,7 @@ class Stretches:
             first_k = starts.setdefault(name, k - dk)
             if k - dk != first_k:
                 return None
-            collective = streams[name][k + 1]
+            collective = plan[3]
             if collective is not recorded and not _same_collective(collective, recorded, ((), ()), shift, low):
                 return None
             if k == first_k:
@@ -462,11 +471,12 @@ class Stretches:
         stream_ids = state.stream_ids
         compute_id = stream_ids[COMPUTE_STREAM]
         points, clock = 1, 0        # points so far, the clock's
+        block = False               # in an overlapped collective's runs
 
         def add_step(duration: float) -> int:
             nonlocal points, clock
-            if not adds and program:
-                clock = points            # a segment after a fork or join starts with the clock again (times())
+            if not adds and (program or block):
+                clock = points            # a segment after a block or in one starts with the clock again (times())
                 points += 1
             adds.append(duration)
             start, clock = clock, points
@@ -509,23 +519,23 @@ class Stretches:
                     and instruction.event not in state.inline_plans:
                 if network is None:
                     return None
-                name, k, gap = state.overlap_plans[instruction.event]
-                collective = streams[name][k + 1]
+                name, k, gap, collective = state.overlap_plans[instruction.event]
                 duration = network.timed_isolated_s(collective.kind, collective.group, collective.size_bytes)
                 if duration is None or duration < 0 or position + gap >= end:
                     return None
                 dk = k - first_k.setdefault(name, k)
                 overlaps.append((position - index, name, dk, gap, collective))
                 flush()
-                program.append((FORK, duration))
                 fork = points
                 points += 1
                 comm.append((name, clock, fork, collective))
+                block = True
                 for inner in range(position + 1, position + gap):
                     if type(instructions[inner]) is not Run or not run_step(instructions[inner], inner):
                         return None
-                flush()
-                program.append((JOIN, fork))
+                block = False
+                program.append((BLOCK, (duration, tuple(adds))))
+                adds.clear()
                 exposures.append((clock, points))
                 clock = points
                 points += 1
@@ -611,6 +621,34 @@ def _calls(op_or_collective, start: int, end: int, alloc_word: int, free_word: i
         sample_steps.append(end)
         words.append(free_word)
         bases.append(base)
+
+
+def _overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str, int], now_s: float) -> bool | None:
+    """The overlaps of a record checked at C speed, as Stretches._inline_starts checks them one by one: True (and the
+    stream's first k in `starts`) if they match, False if not, None to leave it to that loop (a collective of the
+    stretch is not the recorded object)."""
+    pick, name, dks, gaps, recorded = columns
+    signals = pick(stretch)
+    if not all(map(is_, map(type, signals), repeat(Signal))):
+        return False
+    plans = list(map(state.overlap_plans.get, map(_EVENT, signals)))
+    if None in plans:
+        return False
+    names, ks, found_gaps, collectives = zip(*plans)
+    if found_gaps != gaps or names.count(name) != len(names):
+        return False
+    first_k = ks[0] - dks[0]
+    if list(map(sub, ks, dks)).count(first_k) != len(ks):
+        return False
+    if not all(map(is_, collectives, recorded)):
+        return None
+    if not state.can_inline(name, first_k, signals[0].event) or name in state.offload_streams:
+        return False
+    transfers = state.stream_transfers.get(name)
+    if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
+        return False
+    starts[name] = first_k
+    return True
 
 
 def _others_match(columns: tuple, stretch) -> bool:
