@@ -25,7 +25,7 @@ def _plans(draw) -> dict:
         parallel["virtual_stages"] = 2
     if tp > 1:
         parallel["sequence_parallel"] = draw(st.booleans())
-        if parallel["sequence_parallel"]:
+        if parallel["sequence_parallel"] and topology != "pcie-4x4090":     # (userbuffers need NVLink)
             parallel["tp_comm_overlap"] = draw(st.booleans())
     if dp > 1:
         parallel["zero_stage"] = draw(st.sampled_from([0, 1]))

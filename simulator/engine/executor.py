@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 
 
+_FOREVER = float("inf")
+
+
 class _Environment(simpy.Environment):
     """simpy's Environment plus events at an absolute time (streams may run their clocks ahead of env.now)."""
 
@@ -187,6 +190,7 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
     own = options.run_ahead    # the last resume woke this stream alone: nothing else runs before peek()
     ahead = options.run_ahead
     inline_plans = state.inline_plans if stream == COMPUTE_STREAM else {}
+    overlap_plans = state.overlap_plans if stream == COMPUTE_STREAM else {}
     count = len(instructions)
     index = 0
     while index < count:
@@ -234,6 +238,12 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             else:
                 plan = inline_plans.get(instruction.event)
                 inline = plan is not None
+                if not inline and own and instruction.event in overlap_plans:
+                    done = _overlap(state, world, instructions, index - 1, now,
+                                    _FOREVER if may_go_on() else peek(), record_spans)
+                    if done is not None:
+                        index, now = done
+                        continue
             if inline and own and (now < peek() or may_go_on()):
                 start = now
                 end = _inline_blocking(state, world, collective, name, index - 1, now) if plan is None \
@@ -377,6 +387,7 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
         spans.infos.append, spans.starts.append, spans.ends.append, spans.phases.append
     phase_codes = PHASE_CODES
     inline_plans = state.inline_plans
+    overlap_plans = state.overlap_plans
     count = len(instructions)
     now = now_s
     while index < count:
@@ -400,10 +411,20 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
             if op.frees:
                 log_word(compute_word | (index - 1) << 12 | RUN_FREE)
                 log_time(now)
+        elif kind is Alloc or kind is Free:
+            index += 1
+            log_word(compute_word | (index - 1) << 12 | (ALLOC if kind is Alloc else FREE))
+            log_time(now)
         elif kind is Signal:
             plan = inline_plans.get(instruction.event)
             if plan is None:
-                break
+                if instruction.event not in overlap_plans:
+                    break
+                done = _overlap(state, world, instructions, index, now, _FOREVER, record_spans)
+                if done is None:
+                    break
+                index, now = done
+                continue
             end = _inline(state, world, plan, instruction.event, now)
             if end is None:
                 break
@@ -457,6 +478,72 @@ def _inline(state: RankState, world: _World, plan: tuple[str, int], ready: str, 
     if collective.allocs:
         state.log.add(where(state.stream_ids[name], k + 1) | COLL_ALLOC, now_s)
     return now_s + duration
+
+
+def _overlap(state: RankState, world: _World, instructions, index: int, now_s: float, limit_s: float,
+             record_spans: bool) -> tuple[int, float] | None:
+    """Run the compute stream's Signal(ready) at `index`, the runs after it and its WaitFor(done), and the collective
+    its stream S posts between them (RankState.overlap_plans), if exact; returns (next index, clock), or None
+    (nothing done).
+
+    S waits at S[k] = WaitFor(ready), posts S[k+1] (it allocates and frees nothing) and signals done; compute runs
+    the runs meanwhile and then waits for done. When S stands at k (as _inline needs it), the collective may run
+    inline (link-isolated, this rank its only simulated member, no shadow started) and the clock at the WaitFor
+    stays below `limit_s` (the next scheduled event, or forever while the rank is quiet), nothing can interleave:
+    S's collective starts at the Signal's time and lasts its isolated duration, exactly as the network model times
+    it, its span and intervals are recorded, S is parked as _inline parks it, the runs are run as the general loop
+    runs them, and the WaitFor ends at max(clock, end), exposing what _expose finds of S's transfer."""
+    signal = instructions[index]
+    name, k, gap, collective = state.overlap_plans[signal.event]
+    if not state.can_inline(name, k, signal.event):
+        return None
+    rank = state.program.rank
+    network = world.network(rank, collective)
+    known = network.inline_answer(rank, collective)
+    if not known:
+        return None
+    runs = instructions[index + 1:index + gap]
+    clock = now_s
+    for run in runs:
+        duration = run.duration_s
+        if duration > 0:
+            clock = clock + duration
+    end = now_s + known[0]
+    final = max(clock, end)
+    if final >= limit_s:
+        return None
+    network.isolated_operations += 1
+    network.shadows_dropped += known[1]
+    if name not in state.cursor:
+        state.parked[name] = signal.event
+    state.cursor[name] = k + 3
+    state.comm_streams[name] = None
+    _record_comm(state, name, collective, 0, now_s, end, record_spans)      # (it frees nothing)
+    log = state.log
+    log_word, log_time = log.words.append, log.times.append
+    compute_word = where(state.stream_ids[COMPUTE_STREAM], 0)
+    spans = state.spans[COMPUTE_STREAM]
+    now = now_s
+    for position, run in enumerate(runs, index + 1):
+        op = run.op
+        start = now
+        if op.allocs:
+            log_word(compute_word | position << 12)       # RUN_ALLOC
+            log_time(start)
+        duration = run.duration_s
+        if duration > 0:
+            now = start + duration
+        if record_spans:
+            spans.infos.append(run)
+            spans.starts.append(start)
+            spans.ends.append(now)
+            spans.phases.append(PHASE_CODES[op.phase])
+        if op.frees:
+            log_word(compute_word | position << 12 | RUN_FREE)
+            log_time(now)
+    if final > now:
+        _expose(state, name, now, final)
+    return index + gap + 1, final
 
 
 def _finish_inline(state: RankState, plan: tuple[str, int], start_s: float, end_s: float,

@@ -225,15 +225,21 @@ class NetworkModel:
         touches nothing another operation can see. The caller then accounts it as posted and finished.
         The answer depends only on (kind, group, size, rank) and is remembered (each call counts the operation).
         """
-        key = (instruction.kind, instruction.group, instruction.size_bytes, rank)
-        known = self._inline.get(key)
-        if known is None:
-            known = self._inline[key] = self._inline_answer(rank, instruction)
+        known = self.inline_answer(rank, instruction)
         if not known:
             return None
         self.isolated_operations += 1
         self.shadows_dropped += known[1]
         return known[0]
+
+    def inline_answer(self, rank: int, instruction: Collective) -> tuple[float, int] | tuple[()]:
+        """(duration, shadows dropped) when `rank` may run `instruction` inline, else (); counts nothing (the caller
+        that runs it adds 1 to isolated_operations and the shadows dropped, as inline_duration_s does)."""
+        key = (instruction.kind, instruction.group, instruction.size_bytes, rank)
+        known = self._inline.get(key)
+        if known is None:
+            known = self._inline[key] = self._inline_answer(rank, instruction)
+        return known
 
     def _inline_answer(self, rank: int, instruction: Collective) -> tuple[float, int] | tuple[()]:
         """(duration, shadows dropped) when `rank` may run `instruction` inline (`inline_duration_s`), else ()."""
@@ -338,7 +344,10 @@ class NetworkModel:
                 real.update(dict.fromkeys(map(_BLOCKING_KEY, blocking)))
                 for group, posted_on in dict.fromkeys(map(_BLOCKING_POSTER, blocking)):   # on its own stream
                     posters.setdefault(group, {}).setdefault(rank, set()).add(posted_on)
-                for instruction in compress(instructions, map(_OTHER_COMMUNICATION.__contains__, kinds)):
+                communication = list(compress(instructions, map(_OTHER_COMMUNICATION.__contains__, kinds)))
+                # Micro-batch copies share most of their comm streams' instructions: each object once, in the order
+                # of its first occurrence (which keeps every key's first occurrence in order).
+                for instruction in dict(zip(map(id, communication), communication)).values():
                     kind = type(instruction)
                     if kind is Collective:
                         real[(instruction.kind, instruction.group, instruction.size_bytes)] = None

@@ -16,6 +16,8 @@ class EngineOptions:
     run_ahead: bool = True          # run compute ops nothing can interleave with without yielding (exact)
     rank_lookahead: bool = True     # ... also past other ranks' events while this rank's other streams are quiet
     inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
+    inline_overlapped: bool = True   # ... also one another stream runs beside a few compute runs (with
+                                     # inline_collectives; exact: executor._overlap)
     repeats: bool = True            # replay repeated periods of memory calls instead of the allocator (exact)
     stretches: bool = True          # replay repeated stretches of runs and inlined collectives (exact)
     memory_workers: int | None = None   # processes making the memory calls while the engine runs (0: none, in

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_
+from operator import attrgetter, is_, itemgetter
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
@@ -14,14 +14,16 @@ from simulator.engine.logs import IntervalLog, SpanLog
 from simulator.engine.memory import RankMemory
 from simulator.engine.memory_log import MAX_STREAMS, MemoryLog
 from simulator.errors import PlanError
-from simulator.parallel.program import Collective, Period, Program, Recv, Send, Signal, Transfer, WaitFor
+from simulator.parallel.program import Collective, Period, Program, Recv, Run, Send, Signal, Transfer, WaitFor
 from simulator.trace.records import RankTrace
 
 if TYPE_CHECKING:
     from simulator.engine.options import EngineOptions
 
 _event_of = attrgetter("event")
+_first = itemgetter(0)
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
+MAX_OVERLAPPED_RUNS = 8       # runs between a Signal and the WaitFor of an overlapped inline collective, at most
 
 
 def _outside(instructions: tuple, copies: tuple) -> tuple[Sequence[int], Sequence]:
@@ -32,7 +34,7 @@ def _outside(instructions: tuple, copies: tuple) -> tuple[Sequence[int], Sequenc
     starts = [0] + [copy[1] for copy in copies]
     ends = [copy[0] for copy in copies] + [len(instructions)]
     positions = list(chain.from_iterable(map(range, starts, ends)))
-    return positions, list(map(instructions.__getitem__, positions))
+    return positions, list(chain.from_iterable(map(instructions.__getitem__, map(slice, starts, ends))))
 
 
 class RankState:
@@ -78,7 +80,7 @@ class RankState:
         waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
         signalled: dict[str, set[str]] = {}          # stream -> the events it signals
         compute_signals: list[int] = []              # indices of the compute stream's Signals
-        counts: Counter[str] = Counter()
+        waited: list[list[str]] = []                 # per stream, the events of its WaitFors
         periods = 0
         for name, instructions in program.streams.items():
             # Only the waits, signals and periods matter here: pick them out at C speed (runs are most of a stream),
@@ -88,7 +90,7 @@ class RankState:
             is_wait = list(map(is_, kinds, repeat(WaitFor)))
             waits = list(compress(positions, is_wait))
             wait_events = list(map(_event_of, compress(picked, is_wait)))
-            counts.update(wait_events)
+            waited.append(wait_events)
             waiting.update(zip(wait_events, zip(repeat(name), waits)))
             periods += kinds.count(Period)
             is_signal = list(map(is_, kinds, repeat(Signal)))
@@ -96,46 +98,81 @@ class RankState:
             signalled[name] = set(map(_event_of, compress(picked, is_signal)))
             if name == COMPUTE_STREAM:
                 compute_signals = signals
-        self.waiters: dict[str, int] = dict(counts)   # event -> WaitFor instructions on it (all streams)
+        # event -> WaitFor instructions on it (all streams): each event once, unless some is waited for twice or more
+        if sum(map(len, waited)) == len(waiting):
+            self.waiters: dict[str, int] = dict.fromkeys(waiting, 1)
+            shared = ()
+        else:
+            self.waiters = dict(Counter(chain.from_iterable(waited)))
+            shared = [event for event, count in self.waiters.items() if count > 1]
         self.memory.boundaries_left = periods
-        waiters = self.waiters
-        self.wait_stream = {event: where[0] for event, where in waiting.items() if waiters[event] == 1}
+        self.wait_stream = dict(zip(waiting, map(_first, waiting.values())))    # events with one WaitFor -> stream
+        for event in shared:
+            del self.wait_stream[event]
         # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
         self.inline_plans: dict[str, tuple[str, int]] = {}
+        # Overlapped inline candidates (executor._overlap): compute Signal(r) at i -> (S, k, j - i) with S[k:k+3] =
+        # WaitFor(r), a Collective that allocates and frees nothing, Signal(d), and compute[j] = WaitFor(d) after
+        # only runs (the collective runs beside them, as Megatron's overlapped TP backward posts it).
+        self.overlap_plans: dict[str, tuple[str, int, int, Collective]] = {}   # (S, k, j - i, S[k + 1])
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         if options.inline_collectives:
-            self._plan_inline(waiting, signalled, compute_signals)
+            self._plan_inline(waiting, signalled, compute_signals, options.inline_overlapped, shared)
 
     def _plan_inline(self, waiting: dict[str, tuple[str, int]], signalled: dict[str, set[str]],
-                     compute_signals: list[int]) -> None:
+                     compute_signals: list[int], overlapped: bool, shared) -> None:
         streams = self.program.streams
         compute = streams.get(COMPUTE_STREAM, ())
         by_compute = signalled.get(COMPUTE_STREAM, set())
         by_others = set().union(*(events for name, events in signalled.items() if name != COMPUTE_STREAM))
-        waiters_of, where_of, plans = self.waiters.get, waiting.get, self.inline_plans     # hot loop: locals
+        where_of, plans, overlaps = waiting.get, self.inline_plans, self.overlap_plans     # hot loop: locals
+        shared = set(shared)          # events waited for more than once
+        signal_at = {compute[i].event: i for i in reversed(compute_signals)} if overlapped else {}   # first
         last = len(compute) - 1
         for i in compute_signals:
             if i >= last:
                 continue
-            signal, wait = compute[i], compute[i + 1]
-            if type(wait) is not WaitFor or waiters_of(wait.event) != 1:
-                continue
-            where = where_of(signal.event)
-            if where is None or where[0] == COMPUTE_STREAM or waiters_of(signal.event) != 1:
+            ready = compute[i].event
+            where = where_of(ready)
+            if where is None or ready in shared:
                 continue
             name, k = where
+            if name == COMPUTE_STREAM:
+                continue
             other = streams[name]
-            if not (k + 2 < len(other) and type(other[k + 1]) is Collective and type(other[k + 2]) is Signal
-                    and other[k + 2].event == wait.event):
+            if k + 2 >= len(other):
+                continue
+            collective, signal = other[k + 1], other[k + 2]
+            if type(collective) is not Collective or type(signal) is not Signal:
+                continue
+            done = signal.event
+            joined = where_of(done)
+            if joined is None or done in shared:
                 continue
             # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
             # so parking it until then changes nothing.
             after = other[k + 3] if k + 3 < len(other) else None
-            if after is None or (type(after) is WaitFor and waiters_of(after.event) == 1
-                                 and after.event in by_compute and after.event not in by_others):
-                plans[signal.event] = (name, k)
+            if after is not None and not (type(after) is WaitFor and after.event not in shared
+                                          and after.event in by_compute and after.event not in by_others):
+                continue
+            wait = compute[i + 1]
+            if type(wait) is WaitFor and wait.event == done:
+                plans[ready] = (name, k)
+                continue
+            if not overlapped or after is None or collective.allocs or collective.frees \
+                    or joined[0] != COMPUTE_STREAM:
+                continue
+            # The collective runs beside the runs up to compute's WaitFor(done): executor._overlap. (Its stream's next
+            # ready is signalled by the compute stream only, after i: never before the compute stream gets there.)
+            j = joined[1]
+            if i + 1 < j <= i + MAX_OVERLAPPED_RUNS + 1 and signal_at.get(after.event, -1) > j:
+                for x in range(i + 1, j):
+                    if type(compute[x]) is not Run:
+                        break
+                else:
+                    overlaps[ready] = (name, k, j - i, collective)
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
         """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (executor._inline):

@@ -21,71 +21,159 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
-from operator import add, is_, itemgetter
+from itertools import accumulate, islice, repeat
+from operator import add, attrgetter, is_, itemgetter, sub
 from typing import TYPE_CHECKING
 
 from simulator.engine.logs import IntervalLog, doubles, packer, phase_array, positive, span_columns
-from simulator.engine.memory_log import COLL_ALLOC, COLL_FREE, RUN_ALLOC, RUN_FREE, stretch_word, where
+from simulator.engine.memory_log import ALLOC, COLL_ALLOC, COLL_FREE, FREE, RUN_ALLOC, RUN_FREE, stretch_word, where
 from simulator.engine.rank_state import COMPUTE_STREAM
-from simulator.parallel.program import Blocking, Collective, Run, Signal
+from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal
 
 if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
     from simulator.engine.rank_state import RankState
 
+_EVENT = attrgetter("event")
 MIN_LENGTH = 8                # shorter stretches are not worth a record
 MAX_RECORDS = 4               # records (and failed attempts) per first op
 
 
 @dataclass(slots=True)
 class StretchRecord:
-    """What one stretch did, relative to its start time, and what a later one must match to be replayed."""
+    """What one stretch did, relative to its start time, and what a later one must match to be replayed.
+
+    Its times are points computed from the start time by `program` (see `times`): a run or a collective the compute
+    stream waits for adds its duration to the clock; an overlapped collective (executor._overlap) starts at the
+    clock and ends its duration later (a point beside the clock), its runs add theirs, and the WaitFor after them
+    moves the clock to the later of the two. Every span, interval and memory call's time is one of these points."""
 
     length: int                       # instructions consumed
     runs: tuple                       # (position in the stretch, op, duration, iteration, low) of each run
     inlines: tuple                    # (position, stream, k - first k of that stream or None for a Blocking
                                       # instruction, the recorded collective, its memory tensors)
-    durations: tuple                  # per step (a run or a collective), the time it adds
+    overlaps: tuple                   # (position, stream, k - first k, instructions to the WaitFor, collective) of
+                                      # each overlapped collective
+    others: tuple                     # (position, type) of each Alloc and Free
+    program: tuple                    # (ADD, durations) / (BLOCK, (collective's duration, its runs' durations))
     span_runs: tuple                  # per run: the recorded Run, a span's info (only its op and iteration are read)
-    span_steps: tuple                 # per run: its step (the span is times[step], times[step + 1])
-    comm: tuple                       # per inlined collective: (stream, step, span info: the recorded collective)
-    sample_steps: tuple               # per memory call: the index of its time in the stretch's times
+    span_points: tuple                # per run: (start point, end point)
+    comm: tuple                       # per collective, in the executor's order: (stream, start, end point, info)
+    exposures: tuple                  # per wait on a collective, in the executor's order: (start, end point)
+    sample_steps: tuple               # per memory call: the point of its time
     memory_words: tuple               # per memory call: its log word, relative to where its stream's part starts
     memory_bases: tuple               # per memory call: that stream (the compute stream, or an inlined one)
+    pieces: tuple                     # (first call, calls) of each part of the calls between Allocs and Frees,
+                                      # (call, -1) for an Alloc's or a Free's
     streams: tuple                    # inlined streams, in order of first use
     isolated: int                     # network counters added
     dropped: int
-    number: int                       # the record's number in its rank (the memory log's STRETCH words name it)
+    number: int                       # the record's first number in its rank (the memory log's STRETCH words name
+                                      # number + i before piece i's calls)
     copy: tuple | None                # (template, offset, iteration, low, blocking) of the micro-batch copy it lay
                                       # in (Program.copies), or None
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)
+    other_columns: tuple = field(init=False)   # (picker of the Allocs and Frees, their types)
     span_times: tuple = field(init=False)      # pickers of the runs' start and end times from the stretch's times
     sample_times: object = field(init=False)   # picker of the memory calls' times
     span_phases: array = field(init=False)     # the runs' phase codes (engine/logs.py)
     span_pack: object = field(init=False)      # packs the runs' start (end) times as doubles
     comm_streams: tuple = field(init=False)    # per inlined stream: (name, start and end time pickers, infos,
                                                # phase codes, packer of its times)
+    comm_times: tuple = field(init=False)      # pickers of every collective's start and end times, in order
+    exposure_times: tuple = field(init=False)  # pickers of the exposures' start and end times
     cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of each collective after a Signal, in order
     signal_inlines: tuple = field(init=False)  # the inlines after a Signal (not Blocking instructions)
+    durations: tuple | None = field(init=False)   # the program's durations when it only adds (no overlap)
+    final: int = field(init=False)             # the point of the clock at the end
+    logged: tuple = field(init=False)          # (words, bases, sample picker) as the memory log gets them: each
+                                               # piece after its STRETCH word (base "", time the shift: point -1)
+    columns: tuple = field(init=False)         # numpy arrays to apply it: (logged words, their bases' numbers,
+                                               # bases' streams, sample points, span start and end points)
+    probe: tuple = field(init=False)           # (position, op) of its last run: a cheap first test of a match
+    overlap_columns: tuple | None = field(init=False)   # its overlaps, to match them at C speed when they are all
+                                                        # on one stream that no Signal inline uses (_overlaps_match)
 
     def __post_init__(self) -> None:
         positions, ops, durations, iterations, lows = zip(*self.runs)
         self.run_columns = (_picker(positions), ops, durations, iterations, lows)
-        self.span_times = (_picker(self.span_steps), _picker([step + 1 for step in self.span_steps]))
+        self.other_columns = (_picker([position for position, _ in self.others]),
+                              tuple(kind for _, kind in self.others))
+        self.span_times = (_picker([a for a, _ in self.span_points]), _picker([b for _, b in self.span_points]))
         self.span_phases = phase_array(self.span_runs)
         self.span_pack = packer(len(self.span_runs))
         self.sample_times = _picker(self.sample_steps)
         groups: dict[str, list] = {}
-        for name, step, info in self.comm:
-            groups.setdefault(name, []).append((step, info))
-        self.comm_streams = tuple((name, _picker([step for step, _ in mine]), _picker([step + 1 for step, _ in mine]),
-                                   tuple(info for _, info in mine), phase_array(info for _, info in mine),
+        for name, start, end, info in self.comm:
+            groups.setdefault(name, []).append((start, end, info))
+        self.comm_streams = tuple((name, _picker([a for a, _, _ in mine]), _picker([b for _, b, _ in mine]),
+                                   tuple(info for _, _, info in mine), phase_array(info for _, _, info in mine),
                                    packer(len(mine))) for name, mine in groups.items())
-        self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None)
+        self.comm_times = (_picker([a for _, a, _, _ in self.comm]), _picker([b for _, _, b, _ in self.comm]))
+        self.exposure_times = (_picker([a for a, _ in self.exposures]), _picker([b for _, b in self.exposures]))
+        self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None) \
+            + tuple((name, dk + 3) for _, name, dk, _, _ in self.overlaps)
         self.signal_inlines = tuple(inline for inline in self.inlines if inline[2] is not None)
+        self.durations = self.program[0][1] if len(self.program) == 1 else None
+        points, clock = 1, 0
+        for i, (code, value) in enumerate(self.program):
+            points += len(value) + (1 if i else 0) if code is ADD else len(value[1]) + 3
+        self.final = points - 1
+        words, bases, steps = [], [], []
+        piece = 0
+        for first, calls in self.pieces:
+            if calls < 0:                        # an Alloc or Free: made one by one
+                words.append(self.memory_words[first])
+                bases.append(self.memory_bases[first])
+                steps.append(self.sample_steps[first])
+                continue
+            words.append(stretch_word(self.number + piece, calls))
+            piece += 1
+            bases.append("")
+            steps.append(-1)
+            words += self.memory_words[first:first + calls]
+            bases += self.memory_bases[first:first + calls]
+            steps += self.sample_steps[first:first + calls]
+        self.logged = (tuple(words), tuple(bases), _picker(steps))
+        import numpy as np      # (here: a run without a stretch record does not need it in the engine)
+        names = list(dict.fromkeys(bases))
+        self.columns = (np.array(words, dtype=np.int64), np.array([names.index(b) for b in bases], dtype=np.intp),
+                        tuple(names), np.array(steps, dtype=np.intp),
+                        np.array([a for a, _ in self.span_points], dtype=np.intp),
+                        np.array([b for _, b in self.span_points], dtype=np.intp))
+        self.probe = (self.runs[-1][0], self.runs[-1][1])
+        names = {name for _, name, *_ in self.overlaps}
+        self.overlap_columns = None
+        if len(names) == 1 and not any(inline[1] in names for inline in self.signal_inlines):
+            positions, _, dks, gaps, collectives = zip(*self.overlaps)
+            self.overlap_columns = (_picker(positions), names.pop(), dks, gaps, collectives)
+
+    def times(self, start_s: float) -> list[float]:
+        """The stretch's points started at `start_s`: the same float operations as the executor's, in order."""
+        if self.durations is not None:
+            return list(accumulate(self.durations, initial=start_s))
+        program = self.program
+        if program[0][0] is ADD:
+            points = list(accumulate(program[0][1], initial=start_s))
+            program = program[1:]
+        else:
+            points = [start_s]
+        clock = fork = points[-1]
+        extend, append = points.extend, points.append
+        for code, value in program:
+            if code is ADD:
+                extend(accumulate(value, initial=clock))      # (the clock again first: a point of its own)
+                clock = points[-1]
+            else:                                               # an overlapped collective beside runs
+                duration, runs = value
+                fork = clock + duration
+                append(fork)
+                extend(accumulate(runs, initial=clock))
+                clock = max(points[-1], fork)
+                append(clock)
+        return points
 
     def run_spans(self, times: list[float]) -> tuple:
         """The compute stream's spans of this stretch started at times[0], as SpanLog.since gives them."""
@@ -99,11 +187,19 @@ class StretchRecord:
                 return span_columns(infos, starts(times), ends(times), phases)
         return span_columns((), (), (), array("H"))
 
-    def words(self, index: int, starts: dict[str, int]) -> map:
-        """The memory words of this stretch started at `index`, its inlined streams' parts at `starts`."""
+    def words(self, index: int, starts: dict[str, int], logged: bool = False) -> map:
+        """The memory words of this stretch started at `index`, its inlined streams' parts at `starts` (`logged`:
+        with the STRETCH words before its pieces, as _apply logs them)."""
         bases = {name: k << 12 for name, k in starts.items()}
         bases[COMPUTE_STREAM] = index << 12
-        return map(add, self.memory_words, map(bases.__getitem__, self.memory_bases))
+        if not logged:
+            return map(add, self.memory_words, map(bases.__getitem__, self.memory_bases))
+        bases[""] = 0
+        words, names, _ = self.logged
+        return map(add, words, map(bases.__getitem__, names))
+
+
+ADD, BLOCK = 0, 1     # StretchRecord.program's steps
 
 
 def _picker(indices) -> itemgetter:
@@ -111,13 +207,14 @@ def _picker(indices) -> itemgetter:
     if len(indices) > 1:
         return itemgetter(*indices)
     if indices:
-        return itemgetter(slice(indices[0], indices[0] + 1))      # a one-item tuple of a tuple, a list of a list
+        return itemgetter(slice(indices[0], indices[0] + 1 or None))    # a one-item tuple of a tuple, a list of a list
     return itemgetter(slice(0, 0))
 
 
-def _intervals(times: list[float], steps: list[int]) -> tuple[array, array]:
-    """The (starts, ends) columns of the steps' intervals that end after they start, as IntervalLog.since gives."""
-    starts, ends = positive([times[step] for step in steps], [times[step + 1] for step in steps])
+def _intervals(times: list[float], pairs) -> tuple[array, array]:
+    """The (starts, ends) columns of the intervals between points `pairs` that end after they start, as
+    IntervalLog.since gives them."""
+    starts, ends = positive([times[a] for a, _ in pairs], [times[b] for _, b in pairs])
     return array("d", starts), array("d", ends)
 
 
@@ -143,16 +240,25 @@ class Stretches:
         # The same part of a copy of the same template is the same instructions but for the shift: the runs and
         # Blocking collectives match without a look at them. Such records are tried first: one learned from the
         # template's own micro-batch (not moved) matches a moved copy's runs but rarely its collectives.
-        candidates = [(record, index + record.length) for record in records
-                      if index + record.length <= len(instructions)]
+        count = len(instructions)
+        candidates = [(record, index + record.length) for record in records if index + record.length <= count]
         copied = [record.copy is not None and self.copy_of(index, end) == record.copy for record, end in candidates]
         for (record, end), same_copy in sorted(zip(candidates, copied), key=lambda pair: not pair[1]):
-            if not same_copy and not _runs_match(record.run_columns, instructions[index:end], first.shift):
+            if not same_copy:
+                position, op = record.probe
+                last = instructions[index + position]
+                if type(last) is not Run or last.op is not op \
+                        or not _runs_match(record.run_columns, instructions[index:end], first.shift):
+                    continue
+            if record.others and not _others_match(record.other_columns, instructions[index:end]):
                 continue
-            starts = self._inline_starts(state, network, instructions, index, record, same_copy)
+            starts = self._inline_starts(state, network, instructions, index, record, same_copy, now_s)
             if starts is None:
                 continue
             self.replayed += 1
+            if records[0] is not record:          # the one that matched is tried first next time
+                records.remove(record)
+                records.insert(0, record)
             return end, self._apply(state, network, index, first.shift, now_s, record, starts)
         return None
 
@@ -168,7 +274,7 @@ class Stretches:
         return template, index - start, iteration, low, blocking
 
     def _inline_starts(self, state: RankState, network, instructions, index: int, record: StretchRecord,
-                       copied: bool) -> dict[str, int] | None:
+                       copied: bool, now_s: float) -> dict[str, int] | None:
         """Check the collectives would all be inlined as in the record (Blocking ones are when `copied`: the same
         part of a copy of the same template); per stream, the k of its first one."""
         starts: dict[str, int] = {}
@@ -201,25 +307,56 @@ class Stretches:
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
                 return None
-        if record.inlines and network is None:
+        if record.overlap_columns is not None:
+            fast = _overlaps_match(state, record.overlap_columns, instructions[index:index + record.length], starts,
+                                   now_s)
+            if fast is not None:
+                return starts if fast and network is not None else None
+        plans = state.overlap_plans
+        for position, name, dk, gap, recorded in record.overlaps:
+            # (RankState._plan_inline made sure the stream's wait after the collective is not signalled before the
+            # compute stream passes this block: only the inlined stream's position and collective are checked.)
+            signal = instructions[index + position]
+            if type(signal) is not Signal:
+                return None
+            plan = plans.get(signal.event)
+            if plan is None or plan[0] != name or plan[2] != gap:
+                return None
+            k = plan[1]
+            first_k = starts.setdefault(name, k - dk)
+            if k - dk != first_k:
+                return None
+            collective = plan[3]
+            if collective is not recorded and not _same_collective(collective, recorded, ((), ()), shift, low):
+                return None
+            if k == first_k:
+                if not state.can_inline(name, k, signal.event) or name in state.offload_streams:
+                    return None
+                transfers = state.stream_transfers.get(name)
+                if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
+                    return None                  # _expose would find more of that stream than the record did
+        if (record.inlines or record.overlaps) and network is None:
             return None
         return starts
 
     def _apply(self, state: RankState, network, index: int, shift: int, now_s: float, record: StretchRecord,
                starts: dict[str, int]) -> float:
         """Apply the record at `index` (its runs' shift `shift`) from `now_s`; returns the clock at its end."""
-        times = list(accumulate(record.durations, initial=now_s))
+        import numpy as np     # (imported once the first record exists)
+        times = record.times(now_s)
+        words, selector, names, samples, span_starts, span_ends = record.columns
+        times.append(float(shift))                     # point -1: the STRETCH words' time
+        points = np.array(times)
+        times.pop()
         if record.memory_words:
             log = state.log
-            log.words.append(stretch_word(record.number, len(record.memory_words)))    # (memory_log.apply)
-            log.times.append(float(shift))
-            log.words.extend(record.words(index, starts))
-            log.times.extend(record.sample_times(times))
+            bases = np.array([index << 12 if name == COMPUTE_STREAM else starts[name] << 12 if name else 0
+                              for name in names], dtype=np.int64)
+            log.words.frombytes((words + bases[selector]).tobytes())    # (memory_log.apply reads STRETCH words)
+            log.times.frombytes(points[samples].tobytes())
         if state.record_spans:
-            span_starts, span_ends = record.span_times
-            pack = record.span_pack
-            state.spans[COMPUTE_STREAM].extend(record.span_runs, pack(*span_starts(times)), pack(*span_ends(times)),
-                                               record.span_phases)
+            state.spans[COMPUTE_STREAM].extend(record.span_runs, points[span_starts].tobytes(),
+                                               points[span_ends].tobytes(), record.span_phases)
         streams = state.program.streams
         for name in record.streams:
             state.comm_streams[name] = None
@@ -240,15 +377,19 @@ class Stretches:
                 if transfers is None:
                     transfers = state.stream_transfers[name] = IntervalLog()
                 transfers.extend(*packed_moving)
-                state.exposed_intervals.extend(*packed_moving)
             if state.record_spans:
                 state.spans[name].extend(infos, *packed, phases)
+        if record.exposures:
+            pick_starts, pick_ends = record.exposure_times
+            begins, ends = positive(pick_starts(times), pick_ends(times))
+            if begins:
+                state.exposed_intervals.extend(doubles(begins), doubles(ends))
         for name, offset in record.cursor_moves:
             state.cursor[name] = starts[name] + offset
         if network is not None:
             network.isolated_operations += record.isolated
             network.shadows_dropped += record.dropped
-        return times[-1]
+        return times[record.final]
 
     # learning --------------------------------------------------------------------------------------
     def watch(self, state: RankState, network, instructions, index: int, now_s: float) -> tuple | None:
@@ -276,8 +417,9 @@ class Stretches:
         if predicted is None or not self._reproduces(*predicted, state, index, start_s, now_s, watched):
             self.failures[key] = self.failures.get(key, 0) + 1
             return
-        self.records.setdefault(key, []).append(predicted[0])      # the record keeps that op alive
-        self.count += 1
+        record = predicted[0]
+        self.records.setdefault(key, []).append(record)      # the record keeps that op alive
+        self.count += max(1, sum(calls > 0 for _, calls in record.pieces))     # numbers of its STRETCH words
 
     @staticmethod
     def _reproduces(record: StretchRecord, starts: dict[str, int], state: RankState, index: int, start_s: float,
@@ -285,8 +427,8 @@ class Stretches:
         """Whether applying `record` at `index` (inlined streams' parts at `starts`) gives exactly what the executor
         did."""
         (_, _, n_calls, n_spans, n_comm_spans, n_intervals, n_exposed, n_transfers, _, parked0, _) = watched
-        times = list(accumulate(record.durations, initial=start_s))
-        if times[-1] != now_s:
+        times = record.times(start_s)
+        if times[record.final] != now_s:
             return False
         log = state.log
         if log.words[n_calls:] != array("q", record.words(index, starts)) \
@@ -298,12 +440,11 @@ class Stretches:
             for name, n in n_comm_spans.items():
                 if state.spans[name].since(n) != record.comm_spans(times, name):
                     return False
-        intervals = _intervals(times, [step for _, step, _ in record.comm])
-        if state.comm_intervals.since(n_intervals) != intervals \
-                or state.exposed_intervals.since(n_exposed) != intervals:
+        if state.comm_intervals.since(n_intervals) != _intervals(times, [(a, b) for _, a, b, _ in record.comm]) \
+                or state.exposed_intervals.since(n_exposed) != _intervals(times, record.exposures):
             return False
         for name, n in n_transfers.items():
-            mine = _intervals(times, [step for s, step, _ in record.comm if s == name])
+            mine = _intervals(times, [(a, b) for s, a, b, _ in record.comm if s == name])
             transfers = state.stream_transfers.get(name)
             if (transfers.since(n) if transfers is not None else (array("d"), array("d"))) != mine:
                 return False
@@ -314,36 +455,95 @@ class Stretches:
 
     def _predict(self, state: RankState, network, instructions, index: int, end: int, counters: tuple,
                  cursor0: dict) -> tuple[StretchRecord, dict[str, int]] | None:
-        """The record of instructions[index:end] (runs, inlined Signal/WaitFor pairs and Blocking collectives) and,
-        per inlined stream, the k of its first collective; None if it has anything a record cannot reproduce."""
+        """The record of instructions[index:end] (runs, Allocs and Frees, inlined Signal/WaitFor pairs, Blocking
+        collectives and overlapped ones) and, per inlined stream, the k of its first collective; None if it has
+        anything a record cannot reproduce."""
         shift = instructions[index].shift
-        runs, inlines, durations, span_runs, span_steps, comm = [], [], [], [], [], []
+        runs, inlines, overlaps, others, span_runs, span_points, comm, exposures = [], [], [], [], [], [], [], []
+        program: list[tuple] = []
+        adds: list[float] = []
         sample_steps: list[int] = []
         words: list[int] = []
         bases: list[str] = []
+        plain: set[int] = set()      # the calls of Allocs and Frees
         first_k: dict[str, int] = {}
         streams = state.program.streams
         stream_ids = state.stream_ids
         compute_id = stream_ids[COMPUTE_STREAM]
+        points, clock = 1, 0        # points so far, the clock's
+        block = False               # in an overlapped collective's runs
+
+        def add_step(duration: float) -> int:
+            nonlocal points, clock
+            if not adds and (program or block):
+                clock = points            # a segment after a block or in one starts with the clock again (times())
+                points += 1
+            adds.append(duration)
+            start, clock = clock, points
+            points += 1
+            return start
+
+        def flush() -> None:
+            if adds:
+                program.append((ADD, tuple(adds)))
+                adds.clear()
+
+        def run_step(instruction: Run, position: int) -> bool:
+            op = instruction.op
+            if instruction.shift != shift or not instruction.duration_s >= 0:
+                return False          # (nor NaN: _runs_match compares durations as tuples, identity first)
+            runs.append((position - index, op, instruction.duration_s, instruction.iteration, instruction.low))
+            span_runs.append(instruction)
+            start = add_step(instruction.duration_s if instruction.duration_s > 0 else 0.0)
+            span_points.append((start, clock))
+            at = where(compute_id, position - index)
+            _calls(op, start, clock, at | RUN_ALLOC, at | RUN_FREE, COMPUTE_STREAM, sample_steps, words, bases)
+            return True
+
         position = index
         while position < end:
             instruction = instructions[position]
-            step = len(durations)
-            if type(instruction) is Run:
-                op = instruction.op
-                if instruction.shift != shift or not instruction.duration_s >= 0:
-                    return None          # (nor NaN: _runs_match compares durations as tuples, identity first)
-                runs.append((position - index, op, instruction.duration_s, instruction.iteration, instruction.low))
-                durations.append(instruction.duration_s if instruction.duration_s > 0 else 0.0)
-                span_runs.append(instruction)
-                span_steps.append(step)
-                at = where(compute_id, position - index)
-                _calls(op, step, at | RUN_ALLOC, at | RUN_FREE, COMPUTE_STREAM, sample_steps, words, bases)
+            kind = type(instruction)
+            if kind is Run:
+                if not run_step(instruction, position):
+                    return None
                 position += 1
-            elif type(instruction) is Signal or type(instruction) is Blocking:
+            elif kind is Alloc or kind is Free:
+                others.append((position - index, kind))
+                sample_steps.append(clock)
+                words.append(where(compute_id, position - index) | (ALLOC if kind is Alloc else FREE))
+                bases.append(COMPUTE_STREAM)
+                plain.add(len(words) - 1)
+                position += 1
+            elif kind is Signal and instruction.event in state.overlap_plans \
+                    and instruction.event not in state.inline_plans:
                 if network is None:
                     return None
-                if type(instruction) is Blocking:
+                name, k, gap, collective = state.overlap_plans[instruction.event]
+                duration = network.timed_isolated_s(collective.kind, collective.group, collective.size_bytes)
+                if duration is None or duration < 0 or position + gap >= end:
+                    return None
+                dk = k - first_k.setdefault(name, k)
+                overlaps.append((position - index, name, dk, gap, collective))
+                flush()
+                fork = points
+                points += 1
+                comm.append((name, clock, fork, collective))
+                block = True
+                for inner in range(position + 1, position + gap):
+                    if type(instructions[inner]) is not Run or not run_step(instructions[inner], inner):
+                        return None
+                block = False
+                program.append((BLOCK, (duration, tuple(adds))))
+                adds.clear()
+                exposures.append((clock, points))
+                clock = points
+                points += 1
+                position += gap + 1
+            elif kind is Signal or kind is Blocking:
+                if network is None:
+                    return None
+                if kind is Blocking:
                     (collective, name), dk, width = instruction, None, 1
                     at, base = where(compute_id, position - index), COMPUTE_STREAM
                 else:
@@ -360,27 +560,39 @@ class Stretches:
                 if duration is None or duration < 0 or tensors is None:
                     return None
                 inlines.append((position - index, name, dk, collective, tensors))
-                durations.append(duration)
-                comm.append((name, step, collective))
+                start = add_step(duration)
+                comm.append((name, start, clock, collective))
+                exposures.append((start, clock))
                 frees = collective.frees if type(collective) is Collective else ()
-                _calls(collective, step, at | COLL_ALLOC, at | COLL_FREE if frees else None, base, sample_steps,
-                       words, bases)
+                _calls(collective, start, clock, at | COLL_ALLOC, at | COLL_FREE if frees else None, base,
+                       sample_steps, words, bases)
                 position += width
             else:
                 return None
+        flush()
         if position != end:
             return None
         for name, k in first_k.items():
-            last = max(inline[2] for inline in inlines if inline[1] == name and inline[2] is not None)
+            last = max([inline[2] for inline in inlines if inline[1] == name and inline[2] is not None]
+                       + [overlap[2] for overlap in overlaps if overlap[1] == name])
             if cursor0.get(name, k) != k or state.cursor.get(name) != k + last + 3:
                 return None              # the stream did not stand where _inline needs it, or ended elsewhere
         isolated, dropped = (network.isolated_operations - counters[0], network.shadows_dropped - counters[1]) \
             if network is not None else (0, 0)
-        if isolated != len(inlines):
+        if isolated != len(inlines) + len(overlaps):
             return None
-        record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(durations), tuple(span_runs),
-                               tuple(span_steps), tuple(comm), tuple(sample_steps), tuple(words), tuple(bases),
-                               tuple(first_k), isolated, dropped, self.count, self.copy_of(index, end))
+        pieces: list[tuple[int, int]] = []
+        for call in range(len(words)):
+            if call in plain:
+                pieces.append((call, -1))
+            elif pieces and pieces[-1][1] > 0 and pieces[-1][0] + pieces[-1][1] == call:
+                pieces[-1] = (pieces[-1][0], pieces[-1][1] + 1)
+            else:
+                pieces.append((call, 1))
+        record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(overlaps), tuple(others),
+                               tuple(program), tuple(span_runs), tuple(span_points), tuple(comm), tuple(exposures),
+                               tuple(sample_steps), tuple(words), tuple(bases), tuple(pieces), tuple(first_k),
+                               isolated, dropped, self.count, self.copy_of(index, end))
         return record, first_k
 
 
@@ -397,18 +609,53 @@ def _runs_match(columns: tuple, stretch, shift: int) -> bool:
         and new_lows == lows and shifts.count(shift) == len(shifts)
 
 
-def _calls(op_or_collective, step: int, alloc_word: int, free_word: int | None, base: str, sample_steps: list[int],
-           words: list[int], bases: list[str]) -> None:
-    """Note the memory calls of a step as the executor logs them: an allocation at its start, a free at its end
-    (a collective's free only when `free_word` is given: the executor frees only a Collective's)."""
+def _calls(op_or_collective, start: int, end: int, alloc_word: int, free_word: int | None, base: str,
+           sample_steps: list[int], words: list[int], bases: list[str]) -> None:
+    """Note the memory calls of a step as the executor logs them: an allocation at its start point, a free at its
+    end point (a collective's free only when `free_word` is given: the executor frees only a Collective's)."""
     if op_or_collective.allocs:
-        sample_steps.append(step)
+        sample_steps.append(start)
         words.append(alloc_word)
         bases.append(base)
     if op_or_collective.frees and free_word is not None:
-        sample_steps.append(step + 1)
+        sample_steps.append(end)
         words.append(free_word)
         bases.append(base)
+
+
+def _overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str, int], now_s: float) -> bool | None:
+    """The overlaps of a record checked at C speed, as Stretches._inline_starts checks them one by one: True (and the
+    stream's first k in `starts`) if they match, False if not, None to leave it to that loop (a collective of the
+    stretch is not the recorded object)."""
+    pick, name, dks, gaps, recorded = columns
+    signals = pick(stretch)
+    if not all(map(is_, map(type, signals), repeat(Signal))):
+        return False
+    plans = list(map(state.overlap_plans.get, map(_EVENT, signals)))
+    if None in plans:
+        return False
+    names, ks, found_gaps, collectives = zip(*plans)
+    if found_gaps != gaps or names.count(name) != len(names):
+        return False
+    first_k = ks[0] - dks[0]
+    if list(map(sub, ks, dks)).count(first_k) != len(ks):
+        return False
+    if not all(map(is_, collectives, recorded)):
+        return None
+    if not state.can_inline(name, first_k, signals[0].event) or name in state.offload_streams:
+        return False
+    transfers = state.stream_transfers.get(name)
+    if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
+        return False
+    starts[name] = first_k
+    return True
+
+
+def _others_match(columns: tuple, stretch) -> bool:
+    """Whether the Allocs and Frees of a record stand where `stretch` has instructions of the same types (their
+    memory words name those instructions; a stretch holding them logs no STRETCH word over them)."""
+    pick, kinds = columns
+    return tuple(map(type, pick(stretch))) == kinds
 
 
 def _tensors(collective, shift: int, low: int) -> tuple | None:

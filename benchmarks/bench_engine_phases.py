@@ -1,0 +1,97 @@
+"""CPU seconds of a multi-rank run's engine, by part: lowering, ranks' set-up, network analysis, memory calls, the rest.
+
+Run from the repository root::
+
+    python benchmarks/bench_engine_phases.py FILE [--set KEY=VALUE ...] [--resumes]
+
+Lowers FILE's programs (as `memsim run` does), then runs `simulate_programs` once in this process with the memory
+calls made here (`memory_workers=0`, no timelines or allocator events, as `memsim run --json`), timing with
+`time.process_time` (the steadier figure on a shared host): `RankState` set-up (`init`), the network model's analysis
+(`analyze`), `memory_log.apply` (`apply`) and everything else (`engine`). `--resumes` also counts the simpy resumes
+of the streams' processes (executor._stream_process steps) and the stretches replayed, under cProfile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import pstats
+import sys
+import time
+
+import simulator.api as api
+import simulator.engine.executor as executor
+from simulator.engine import network_model, rank_state
+from simulator.parallel.lower_multi import lower_multi
+from simulator.parallel.overlap import resolve_overlap
+from simulator.scenario import load_scenario
+from simulator.workload.training import build_iteration
+
+
+def _lower(path: str, overrides: list[str]) -> tuple:
+    scenario = load_scenario(path, overrides)
+    cluster, topology, plan, recipe, schedule = api._multi_setup(scenario)
+    device = api._run_device(scenario, cluster.device)
+    shape, profile = api.model_shape(scenario), api.kernel_profile(device)
+    workload = build_iteration(shape, recipe, profile) if scenario.parallel.pp == 1 else None
+    overlap = resolve_overlap(scenario, nvlink=device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
+    programs, _ = lower_multi(shape, recipe, profile, plan, schedule, device, scenario.run.warmup_iterations,
+                              scenario.run.iterations, workload, False, overlap)
+    return scenario, cluster, topology, plan, programs
+
+
+def _timed(owner, name: str, spent: dict, key: str) -> None:
+    real = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        start = time.process_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[key] += time.process_time() - start
+
+    setattr(owner, name, timed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file")
+    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument("--resumes", action="store_true")
+    args = parser.parse_args()
+    gc.disable()                     # as api.simulate_multi
+    start = time.process_time()
+    scenario, cluster, topology, plan, programs = _lower(args.file, args.overrides)
+    lowering = time.process_time() - start
+    spent = {"init": 0.0, "analyze": 0.0, "apply": 0.0}
+    _timed(rank_state.RankState, "__init__", spent, "init")
+    _timed(network_model.NetworkModel, "_analyze", spent, "analyze")
+    _timed(executor, "apply", spent, "apply")
+    options = executor.EngineOptions(record_timeline=False, memory_workers=0)
+
+    def run():
+        allocators = [api._allocator(scenario, cluster, False) for _ in programs]
+        return executor.simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
+                                          options, topology=topology, plan=plan)
+
+    start = time.process_time()
+    run()
+    total = time.process_time() - start
+    row = {"file": args.file, "set": args.overrides, "lowering_s": round(lowering, 2), "simulate_s": round(total, 2),
+           **{f"{key}_s": round(value, 2) for key, value in spent.items()},
+           "engine_s": round(total - sum(spent.values()), 2)}
+    if args.resumes:
+        profiler = cProfile.Profile()
+        profiler.runcall(run)
+        stats = pstats.Stats(profiler).stats
+        row["resumes"] = sum(calls[1] for (path, _, name), calls in stats.items() if name == "_stream_process")
+        row["stretch_replays"] = sum(calls[1] for (path, _, name), calls in stats.items()
+                                     if name == "_apply" and path.endswith("stretches.py"))
+    json.dump(row, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
