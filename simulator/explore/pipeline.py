@@ -109,7 +109,7 @@ def _slots(schedule: Schedule, rank: int) -> list[int]:
 
 def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
     v = schedule.virtual_stages
-    state = np.zeros(v * COORDS, dtype=np.int64)
+    state = [0] * (v * COORDS)
     seen: dict[tuple, None] = {}
     for a in schedule.ranks[rank]:
         c = a.chunk
@@ -120,7 +120,7 @@ def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
             kind = M_B_LATER if state[base + DONE_B] else M_B_FIRST
         else:
             kind = M_W_LATER if state[base + DONE_W] else M_W_FIRST
-        seen.setdefault((c * MTYPES + kind,) + tuple(int(x) for x in state), None)
+        seen.setdefault((c * MTYPES + kind, *state), None)
         if a.kind == "F":
             state[base + N_F] += 1
         elif a.kind == "B":
@@ -138,18 +138,27 @@ def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
 
 
 class _Graph:
-    """Nodes under construction: cost slot, predecessors and offset slots (lists, patched in place)."""
+    """Nodes under construction: cost slot, predecessors and offset slots (flat lists, patched in place)."""
 
     def __init__(self) -> None:
         self.cost: list[int] = []
-        self.preds: list[list[int]] = []
-        self.offsets: list[list[int]] = []
+        self.preds: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.offsets: tuple[list[int], list[int], list[int]] = ([], [], [])
 
-    def add(self, cost: int, preds: tuple[int, ...], offsets: tuple[int, ...] = ()) -> int:
+    def add(self, cost: int, pred: int, pred2: int = -1, offsets: tuple[int, int] = (-1, -1)) -> int:
         self.cost.append(cost)
-        self.preds.append(list(preds) + [-1] * (3 - len(preds)))
-        self.offsets.append(list(offsets) + [-1] * (3 - len(offsets)))
+        first, second, third = self.preds
+        first.append(pred)
+        second.append(pred2)
+        third.append(-1)
+        offset_first, offset_second, offset_third = self.offsets
+        offset_first.append(offsets[0])
+        offset_second.append(offsets[1])
+        offset_third.append(-1)
         return len(self.cost) - 1
+
+    def columns(self, lists) -> np.ndarray:
+        return np.array(lists, dtype=np.int64).reshape(3, len(self.cost)).T.copy()
 
 
 def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_end: bool = False,
@@ -185,7 +194,7 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
     def join(rank: int, unsent: list[tuple]) -> None:
         # Two transfers per join node (a node has three predecessors); patched once every recv node exists.
         for k in range(0, len(unsent), 2):
-            last[rank] = graph.add(-1, (last[rank],))
+            last[rank] = graph.add(-1, last[rank])
             waits.append((last[rank], unsent[k:k + 2]))
             joined[rank].append(last[rank])
         unsent.clear()
@@ -197,7 +206,7 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
             if isinstance(step, CommStep):
                 slot = transfer_slot(step.transfer.kind, step.transfer.src_rank)
                 if step.op == "recv":
-                    last[rank] = graph.add(transfer_base + slot, (last[rank],))
+                    last[rank] = graph.add(transfer_base + slot, last[rank])
                     recvs.append((last[rank], step))
                     transfer_counts[rank, slot] += 1
                 else:
@@ -208,7 +217,7 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
             if unsent:
                 join(rank, unsent)
             slot = next(slots)
-            node = graph.add(rank * v * SLOTS + step.chunk * SLOTS + slot, (last[rank],))
+            node = graph.add(rank * v * SLOTS + step.chunk * SLOTS + slot, last[rank])
             node_of[step.key] = node
             action_counts[rank, step.chunk, slot] += 1
             if slot in (B_SYNC, W_SYNC):
@@ -226,36 +235,36 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
     for node, step in recvs:
         t = step.transfer
         producer = node_of[t.producer.key]
-        graph.preds[node][1] = producer
+        graph.preds[1][node] = producer
         by_sender.setdefault((t.src_rank, t.kind), []).append((producer, node))
         delivered[t.key] = node
     for node, transfers in waits:
         for k, key in enumerate(transfers):
-            graph.preds[node][1 + k] = delivered[key]
+            graph.preds[1 + k][node] = delivered[key]
     for items in by_sender.values():
         items.sort()                       # a rank's action nodes are numbered in its order
         for (_, before), (_, node) in zip(items, items[1:]):
-            graph.preds[node][2] = before
+            graph.preds[2][node] = before
     flush = [-1] * p
     for rank in range(p):
         if reduces:
             queue = -1
             for node, chunk in sorted((n, c) for c, n in enumerate(sync_nodes[rank]) if n >= 0):
                 slot = 2 * (rank * v + chunk)
-                queue = graph.add(-1, (queue, last[rank] if reduce_at_end else node), (slot, slot + 1))
+                queue = graph.add(-1, queue, last[rank] if reduce_at_end else node, (slot, slot + 1))
             if queue >= 0:
-                last[rank] = graph.add(-1, (last[rank], queue))
+                last[rank] = graph.add(-1, last[rank], queue)
         flush[rank] = last[rank]
     tied_node = [-1] * p
     if tied and p > 1:
         for rank in (0, p - 1):
-            tied_node[rank] = last[rank] = graph.add(tail_base + 2 * rank, (flush[0], flush[p - 1]))
-    step_node = [graph.add(tail_base + 2 * rank + 1, (last[rank],)) for rank in range(p)]
-    preds = np.array(graph.preds, dtype=np.int64)
+            tied_node[rank] = last[rank] = graph.add(tail_base + 2 * rank, flush[0], flush[p - 1])
+    step_node = [graph.add(tail_base + 2 * rank + 1, last[rank]) for rank in range(p)]
+    preds = graph.columns(graph.preds)
     return Structure(
         p=p, v=v, m=m, split=schedule.split_backward, n_nodes=len(graph.cost),
         cost_index=np.array(graph.cost, dtype=np.int64), preds=preds,
-        offset_index=np.array(graph.offsets, dtype=np.int64), levels=_levels(preds),
+        offset_index=graph.columns(graph.offsets), levels=_levels(graph.preds),
         rank_last=np.array(step_node), rank_flush=np.array(flush), rank_compute_end=np.array(compute_end),
         tied_node=np.array(tied_node), transfer_counts=transfer_counts, sends=sends, action_counts=action_counts,
         memory=tuple(_memory_rows(schedule, r) for r in range(p)),
@@ -273,30 +282,36 @@ def offset_table_size(structure: Structure) -> int:
     return 2 * structure.p * structure.v
 
 
-def _levels(preds: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Node ids grouped by level (1 + the highest level of a predecessor); nodes only follow their
-    predecessors' ids within a rank, so levels are found by relaxing until nothing changes."""
-    n = len(preds)
-    level = np.zeros(n, dtype=np.int64)
-    order = _topological(preds)
-    for node in order:
+def _levels(preds: tuple[list[int], list[int], list[int]]) -> tuple[np.ndarray, ...]:
+    """Node ids grouped by level (1 + the highest level of a predecessor), each level's ids ascending; `preds`
+    the three predecessor columns (-1: none). Nodes only follow their predecessors' ids within a rank, so the
+    levels are set in a topological order."""
+    n = len(preds[0])
+    if not n:
+        return ()
+    level = [0] * n
+    rows = list(zip(*preds))
+    for node in _topological(rows):
         best = -1
-        for q in preds[node]:
+        for q in rows[node]:
             if q >= 0 and level[q] > best:
                 best = level[q]
         level[node] = best + 1
-    return tuple(np.flatnonzero(level == k) for k in range(int(level.max()) + 1)) if n else ()
+    levels = np.array(level, dtype=np.int64)
+    order = np.argsort(levels, kind="stable")            # ids ascending within a level
+    bounds = np.cumsum(np.bincount(levels))[:-1]
+    return tuple(np.split(order, bounds))
 
 
-def _topological(preds: np.ndarray) -> list[int]:
+def _topological(rows: list[tuple[int, int, int]]) -> list[int]:
     """A topological order of the nodes (Kahn's algorithm, smallest id first among the ready ones)."""
     import heapq
 
-    n = len(preds)
-    waiting = np.zeros(n, dtype=np.int64)
+    n = len(rows)
+    waiting = [0] * n
     successors: list[list[int]] = [[] for _ in range(n)]
-    for node in range(n):
-        for q in preds[node]:
+    for node, row in enumerate(rows):
+        for q in row:
             if q >= 0:
                 waiting[node] += 1
                 successors[q].append(node)
