@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.parallel.schedule_check import CommStep, program
 from simulator.parallel.schedules import Action, Schedule
 
 # Action cost slots per (rank, chunk): F; B (or I) of the chunk's first backward, a later one, its last one
@@ -161,6 +160,35 @@ class _Graph:
         return np.array(lists, dtype=np.int64).reshape(3, len(self.cost)).T.copy()
 
 
+def _lowered(schedule: Schedule) -> list[list[tuple]]:
+    """Per rank, (recv, action, send) for each action: what schedule_check.program posts around it, as keys.
+    A recv is (kind, src rank, producer key, transfer key) and a send the transfer key (kind, producing stage,
+    micro-batch), or None: an F needs only the previous stage's F and a B or I only the next stage's B or I,
+    so each action receives at most one message and sends at most one (program's dependencies and transfers)."""
+    stages = schedule.num_stages
+    owner = schedule.stage_ranks
+    grad_kind = {(a.stage, a.microbatch): a.kind for actions in schedule.ranks for a in actions if a.kind in ("B", "I")}
+    recvs: dict[tuple, tuple] = {}
+    sends: dict[tuple, tuple] = {}
+    for rank, actions in enumerate(schedule.ranks):
+        for a in actions:
+            stage, microbatch = a.stage, a.microbatch
+            if a.kind == "F":
+                if stage == 0:
+                    continue
+                dep, kind = (stage - 1, "F", microbatch), "activation"
+            elif a.kind in ("B", "I") and stage + 1 < stages:
+                dep, kind = (stage + 1, grad_kind.get((stage + 1, microbatch), "B"), microbatch), "gradient"
+            else:
+                continue
+            src = owner[dep[0]]
+            if src != rank:
+                transfer = (kind, dep[0], microbatch)
+                recvs[a.key] = (kind, src, dep, transfer)
+                sends[dep] = transfer
+    return [[(recvs.get(a.key), a, sends.get(a.key)) for a in actions] for actions in schedule.ranks]
+
+
 def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_end: bool = False,
                     blocking_sends: bool = False) -> Structure:
     """The graph of `schedule` (validated, with chunks filled in).
@@ -176,15 +204,13 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
     reductions add after the synchronising node's end.
     """
     p, v, m = schedule.num_ranks, schedule.virtual_stages, schedule.microbatches
-    lowered = program(schedule)
+    lowered = _lowered(schedule)
     transfer_base = p * v * SLOTS
     tail_base = transfer_base + 2 * p
     graph = _Graph()
     node_of: dict[tuple[int, str, int], int] = {}       # (stage, kind, microbatch) -> action node
-    recvs: list[tuple[int, CommStep]] = []
-    transfer_counts = np.zeros((p, 2 * p), dtype=np.int64)
-    sends = np.zeros((p, 2 * p), dtype=np.int64)
-    action_counts = np.zeros((p, v, SLOTS), dtype=np.int64)
+    recvs: list[tuple[int, tuple]] = []                 # (recv node, (kind, src rank, producer key, transfer key))
+    counts: dict[tuple, int] = {}                       # ("recv" | "send", rank, slot) and (rank, chunk, slot)
     sync_nodes = [[-1] * v for _ in range(p)]
     last = [-1] * p
     last_action = [-1] * p
@@ -202,42 +228,50 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
     for rank in range(p):
         slots = iter(_slots(schedule, rank))
         unsent: list[tuple] = []
-        for step in lowered[rank]:
-            if isinstance(step, CommStep):
-                slot = transfer_slot(step.transfer.kind, step.transfer.src_rank)
-                if step.op == "recv":
-                    last[rank] = graph.add(transfer_base + slot, last[rank])
-                    recvs.append((last[rank], step))
-                    transfer_counts[rank, slot] += 1
-                else:
-                    sends[rank, slot] += 1
-                    if blocking_sends:
-                        unsent.append(step.transfer.key)
-                continue
+        for recv, action, send in lowered[rank]:
+            if recv is not None:
+                slot = transfer_slot(recv[0], recv[1])
+                last[rank] = graph.add(transfer_base + slot, last[rank])
+                recvs.append((last[rank], recv))
+                counts["recv", rank, slot] = counts.get(("recv", rank, slot), 0) + 1
             if unsent:
                 join(rank, unsent)
             slot = next(slots)
-            node = graph.add(rank * v * SLOTS + step.chunk * SLOTS + slot, last[rank])
-            node_of[step.key] = node
-            action_counts[rank, step.chunk, slot] += 1
+            node = graph.add(rank * v * SLOTS + action.chunk * SLOTS + slot, last[rank])
+            node_of[action.key] = node
+            counts[rank, action.chunk, slot] = counts.get((rank, action.chunk, slot), 0) + 1
             if slot in (B_SYNC, W_SYNC):
-                sync_nodes[rank][step.chunk] = node
+                sync_nodes[rank][action.chunk] = node
             last[rank] = node
+            if send is not None:
+                slot = transfer_slot(send[0], rank)
+                counts["send", rank, slot] = counts.get(("send", rank, slot), 0) + 1
+                if blocking_sends:
+                    unsent.append(send)
         compute_end_node = last[rank]
         if unsent:
             join(rank, unsent)
         last_action[rank] = compute_end_node
     compute_end = list(last_action)
+    transfer_counts = np.zeros((p, 2 * p), dtype=np.int64)
+    sends = np.zeros((p, 2 * p), dtype=np.int64)
+    action_counts = np.zeros((p, v, SLOTS), dtype=np.int64)
+    for key, n in counts.items():
+        if key[0] == "recv":
+            transfer_counts[key[1], key[2]] = n
+        elif key[0] == "send":
+            sends[key[1], key[2]] = n
+        else:
+            action_counts[key] = n
     # A recv waits for its producer and for the sender's previous send of that kind (one stream per kind),
     # which the sender posts in the order it produces them.
     by_sender: dict[tuple[int, str], list[tuple[int, int]]] = {}
     delivered: dict[tuple, int] = {}
-    for node, step in recvs:
-        t = step.transfer
-        producer = node_of[t.producer.key]
+    for node, (kind, src, producer_key, transfer_key) in recvs:
+        producer = node_of[producer_key]
         graph.preds[1][node] = producer
-        by_sender.setdefault((t.src_rank, t.kind), []).append((producer, node))
-        delivered[t.key] = node
+        by_sender.setdefault((src, kind), []).append((producer, node))
+        delivered[transfer_key] = node
     for node, transfers in waits:
         for k, key in enumerate(transfers):
             graph.preds[1 + k][node] = delivered[key]
