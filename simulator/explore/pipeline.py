@@ -70,6 +70,7 @@ class Structure:
     memory: tuple[MemoryRows, ...]
     sync_nodes: tuple[tuple[int, ...], ...]   # per rank, per chunk: the node of its synchronising backward
     joins: tuple[np.ndarray, ...] = ()        # per rank, the nodes where its compute waits for blocking sends
+    steps: tuple = ()                         # evaluate's gathers per level (_steps)
 
 
 def transfer_slot(kind: str, src: int) -> int:
@@ -295,10 +296,12 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
             tied_node[rank] = last[rank] = graph.add(tail_base + 2 * rank, flush[0], flush[p - 1])
     step_node = [graph.add(tail_base + 2 * rank + 1, last[rank]) for rank in range(p)]
     preds = graph.columns(graph.preds)
+    offset_index = graph.columns(graph.offsets)
+    levels = _levels(graph.preds)
     return Structure(
         p=p, v=v, m=m, split=schedule.split_backward, n_nodes=len(graph.cost),
         cost_index=np.array(graph.cost, dtype=np.int64), preds=preds,
-        offset_index=graph.columns(graph.offsets), levels=_levels(graph.preds),
+        offset_index=offset_index, levels=levels, steps=_steps(levels, preds, offset_index, len(graph.cost)),
         rank_last=np.array(step_node), rank_flush=np.array(flush), rank_compute_end=np.array(compute_end),
         tied_node=np.array(tied_node), transfer_counts=transfer_counts, sends=sends, action_counts=action_counts,
         memory=tuple(_memory_rows(schedule, r) for r in range(p)),
@@ -362,20 +365,45 @@ def _topological(rows: list[tuple[int, int, int]]) -> list[int]:
     return order
 
 
+def _steps(levels: tuple[np.ndarray, ...], preds: np.ndarray, offset_index: np.ndarray,
+           n_nodes: int) -> tuple[tuple, ...]:
+    """evaluate's work per level, gathered once per structure: (nodes, the predecessor column of each of the three
+    slots or None where no node of the level has one, the offset column or None where none has one). A missing
+    predecessor is column n_nodes (time 0) and a missing offset the zero column, as evaluate pads them."""
+    out = []
+    for nodes in levels:
+        terms = []
+        for k in range(3):
+            column = preds[nodes, k]
+            offset = offset_index[nodes, k]
+            has_pred, has_offset = bool((column >= 0).any()), bool((offset >= 0).any())
+            terms.append((np.where(column >= 0, column, n_nodes) if has_pred else None,
+                          np.where(offset >= 0, offset, -1) if has_offset else None))
+        out.append((nodes, tuple(terms)))
+    return tuple(out)
+
+
 def evaluate(structure: Structure, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """End time of every node for every plan: `costs` (plans, cost_table_size), `offsets` (plans,
-    offset_table_size); returns (plans, nodes). A node with cost slot -1 costs nothing."""
+    offset_table_size); returns (plans, nodes). A node with cost slot -1 costs nothing.
+
+    Each node ends at max over its three slots of (the predecessor's end + the offset) + its cost, a slot
+    without a predecessor counting as time 0 and without an offset as 0.0; a level where no node has a
+    predecessor or an offset in a slot takes 0.0 there as a scalar (the same values, fewer gathers)."""
     plans = costs.shape[0]
     padded_costs = np.concatenate([costs, np.zeros((plans, 1))], axis=1)
     padded_offsets = np.concatenate([offsets, np.zeros((plans, 1))], axis=1)
     node_cost = padded_costs[:, structure.cost_index]              # -1 -> the zero column
     end = np.full((plans, structure.n_nodes + 1), 0.0)              # column n: "no predecessor", time 0
-    end[:, -1] = 0.0
-    preds = np.where(structure.preds >= 0, structure.preds, structure.n_nodes)
-    offset_index = structure.offset_index
-    for nodes in structure.levels:
-        start = end[:, preds[nodes, 0]] + padded_offsets[:, offset_index[nodes, 0]]
-        for k in (1, 2):
-            np.maximum(start, end[:, preds[nodes, k]] + padded_offsets[:, offset_index[nodes, k]], out=start)
+    steps = structure.steps or _steps(structure.levels, structure.preds, structure.offset_index, structure.n_nodes)
+    for nodes, terms in steps:
+        start = None
+        for column, offset in terms:
+            term = end[:, column] if column is not None else 0.0
+            term = term + (padded_offsets[:, offset] if offset is not None else 0.0)
+            if start is None:
+                start = term if isinstance(term, np.ndarray) else np.full((plans, len(nodes)), term)
+            else:
+                np.maximum(start, term, out=start)
         end[:, nodes] = start + node_cost[:, nodes]
     return end[:, :-1]
