@@ -367,20 +367,27 @@ def _topological(rows: list[tuple[int, int, int]]) -> list[int]:
 
 def _steps(levels: tuple[np.ndarray, ...], preds: np.ndarray, offset_index: np.ndarray,
            n_nodes: int) -> tuple[tuple, ...]:
-    """evaluate's work per level, gathered once per structure: (nodes, the predecessor column of each of the three
-    slots or None where no node of the level has one, the offset column or None where none has one). A missing
-    predecessor is column n_nodes (time 0) and a missing offset the zero column, as evaluate pads them."""
-    out = []
-    for nodes in levels:
-        terms = []
+    """evaluate's work per level, gathered once per structure: (nodes, per slot (the predecessor column, or None
+    where no node of the level has a predecessor there; the offset column, or None where none has an offset)).
+    A missing predecessor is column n_nodes (time 0) and a missing offset the zero column (-1), as evaluate pads
+    them. Computed over all levels at once, then cut at the levels' bounds."""
+    if not levels:
+        return ()
+    order = np.concatenate(levels)
+    sizes = np.array([len(nodes) for nodes in levels])
+    firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    cuts = firsts[1:]
+    columns = []
+    for table, missing in ((preds, n_nodes), (offset_index, -1)):
         for k in range(3):
-            column = preds[nodes, k]
-            offset = offset_index[nodes, k]
-            has_pred, has_offset = bool((column >= 0).any()), bool((offset >= 0).any())
-            terms.append((np.where(column >= 0, column, n_nodes) if has_pred else None,
-                          np.where(offset >= 0, offset, -1) if has_offset else None))
-        out.append((nodes, tuple(terms)))
-    return tuple(out)
+            column = table[order, k]
+            present = column >= 0
+            some = np.add.reduceat(present.astype(np.int64), firsts) > 0
+            parts = np.split(np.where(present, column, missing), cuts)
+            columns.append([part if any_ else None for part, any_ in zip(parts, some.tolist())])
+    pred_columns, offset_columns = columns[:3], columns[3:]
+    return tuple((nodes, tuple((pred_columns[k][i], offset_columns[k][i]) for k in range(3)))
+                 for i, nodes in enumerate(levels))
 
 
 def evaluate(structure: Structure, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
