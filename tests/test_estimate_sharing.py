@@ -4,7 +4,6 @@ built-in schedules, rank layouts, the footprint shortcut) get the very reports e
 from __future__ import annotations
 
 from simulator import scenario_from_dict
-from simulator.explore import prepare as prepare_module
 from simulator.explore.assemble import Caches
 from simulator.explore.estimate import estimate_reports
 import tomllib
@@ -38,7 +37,6 @@ def test_plans_estimated_together_get_the_reports_each_gets_alone():
     together = estimate_reports(scenarios, errors="return", caches=Caches())
     alone = []
     for scenario in scenarios:
-        prepare_module._builtin_schedule.cache_clear()
         alone.append(estimate_reports([scenario], errors="return", caches=Caches())[0])
     assert all(isinstance(report, dict) for report in together), together
     assert together == alone

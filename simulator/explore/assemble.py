@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator.explore.bounded import Lru
 from simulator.explore.network_costs import NetworkCosts
 from simulator.explore.pipeline import (B_FIRST, B_LATER, B_SYNC, COORDS, DONE_B, DONE_W, F, M_B_FIRST, M_B_LATER,
                                         M_F, M_W_FIRST, M_W_LATER, MTYPES, N_F, N_I, SLOTS, W_FIRST, W_LATER,
                                         W_SYNC, Structure, build_structure, cost_table_size, offset_table_size,
                                         transfer_slot)
-from simulator.explore.prepare import Prepared
+from simulator.explore.prepare import Prepared, schedule_identity
 from simulator.explore.profiles import (FIRST, LAST, MIDDLE, PROFILE_MICROBATCHES, RECORDED_LAYERS, WHOLE,
                                         ChunkProfile, ProfileKey, record)
 from simulator.explore.segments import Segment
@@ -23,18 +24,33 @@ from simulator.explore.stage_model import ChunkModel, chunk_model
 from simulator.workload.graph import CATEGORIES
 
 
+# Bounds of the memos (docs/explore.md, "Memory"): a search walks its plans in enumeration order, so plans that
+# share a profile, a schedule or a graph come together and a few hundred recent entries are all it reuses.
+PROFILES_KEPT = 256                    # recorded profiles, about 0.5 MB each
+CHUNKS_KEPT = 4096                     # chunk models (tens of KB each)
+SCHEDULE_ACTIONS_KEPT = 1_000_000      # actions of the built-in schedules kept (about 160 bytes each)
+STRUCTURE_NODES_KEPT = 1_000_000       # graph nodes of the structures kept (about 200 bytes each)
+SMALL_KEPT = 4096                      # stage inputs, rank layouts
+
+
+def _actions(schedule) -> int:
+    return sum(len(actions) for actions in schedule.ranks)
+
+
 @dataclass
 class Caches:
-    """Profiles, chunk models, schedule structures and network costs, shared by the plans of one estimate."""
+    """Profiles, chunk models, schedules, schedule structures and network costs, shared by the plans of one
+    estimate or one search. Every memo but the per-topology NetworkCosts is bounded (bounded.Lru); each value
+    is a pure function of its key, so what is dropped is recomputed the same."""
 
-    profiles: dict = field(default_factory=dict)
-    chunks: dict = field(default_factory=dict)
-    structures: dict = field(default_factory=dict)
+    profiles: Lru = field(default_factory=lambda: Lru(PROFILES_KEPT))
+    chunks: Lru = field(default_factory=lambda: Lru(CHUNKS_KEPT))
+    structures: Lru = field(default_factory=lambda: Lru(STRUCTURE_NODES_KEPT, lambda s: s.n_nodes))
+    schedules: Lru = field(default_factory=lambda: Lru(SCHEDULE_ACTIONS_KEPT, _actions))
     networks: dict = field(default_factory=dict)
     op_times: dict = field(default_factory=dict)      # device -> timed_ops' cache
-    outputs: dict = field(default_factory=dict)
-    replays: dict = field(default_factory=dict)       # a rank's allocator replay (reserved.py)
-    layouts: dict = field(default_factory=dict)       # a plan layout's stage groups and pairs (_layout)
+    outputs: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))
+    layouts: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))    # a plan layout's stage groups and pairs
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -85,7 +101,7 @@ class PlanNumbers:
     costs: np.ndarray
     offsets: np.ndarray
     ranks: tuple[RankNumbers, ...]
-    chunks: dict = field(default_factory=dict)     # (stage, chunk) -> (ChunkModel, ChunkProfile, cache key)
+    chunks: dict = field(default_factory=dict)     # (stage, chunk) -> (ChunkModel, ProfileKey, cache key)
 
 
 def _kind(span, pp: int) -> str:
@@ -104,8 +120,9 @@ def _recorded(layers: int, recompute: str) -> int:
     return layers if layers <= RECORDED_LAYERS else RECORDED_LAYERS
 
 
-def _chunk(caches: Caches, prepared: Prepared, span, split: bool) -> tuple[ChunkModel, ChunkProfile, tuple]:
-    """The chunk model of a stage span, its profile and its cache key (`split`: the schedule splits backwards)."""
+def _chunk(caches: Caches, prepared: Prepared, span, split: bool) -> tuple[ChunkModel, ProfileKey, tuple]:
+    """The chunk model of a stage span, its profile's key and its cache key (`split`: the schedule splits
+    backwards). The profile itself is not kept with the model (caches.profile gives it back)."""
     recipe = prepared.recipe
     pp = prepared.plan.pp
     kind = _kind(span, pp)
@@ -130,7 +147,7 @@ def _chunk(caches: Caches, prepared: Prepared, span, split: bool) -> tuple[Chunk
         profile = caches.profile(key)
         found = caches.chunks[chunk_key] = (chunk_model(
             profile, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
-            prepared.device, caches.op_times.setdefault(prepared.device, {})), profile, chunk_key)
+            prepared.device, caches.op_times.setdefault(prepared.device, {})), key, chunk_key)
     return found
 
 
@@ -234,7 +251,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
     reduces = plan.dp > 1 and (at_end or (not every_sync and not in_place))
     tied = p > 1 and any(c.tied_embedding_grad_bytes for c in chunks.values())
     blocking_sends = p > 1 and not overlap.overlap_p2p_comm
-    skey = (schedule.name, tuple(schedule.ranks), p, v, schedule.microbatches, at_end, blocking_sends, reduces, tied)
+    skey = (schedule_identity(prepared), p, v, schedule.microbatches, at_end, blocking_sends, reduces, tied)
     structure = caches.structures.get(skey)
     if structure is None:
         structure = caches.structures[skey] = build_structure(schedule, reduces=reduces, tied=tied,
@@ -283,7 +300,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             reductions += sum(durations)
             # A whole model of one micro-batch: that backward is a first one (it creates .grad), not a later one
             # (which accumulates into it); the reductions are the buckets' unless the profile recorded them.
-            only = pp == 1 and recipe.accumulation_steps == 1 and found[(r, c)][1].key.recipe.dp == 1
+            only = pp == 1 and recipe.accumulation_steps == 1 and found[(r, c)][1].recipe.dp == 1
             by_slot = {F: fwd, B_FIRST: b_first, B_LATER: b_later, B_SYNC: b_first if only else b_later}
             if w_first is not None:
                 by_slot.update({W_FIRST: w_first, W_LATER: w_later, W_SYNC: w_later})

@@ -57,27 +57,42 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
         raise MemsimError(f"estimate_reports: errors = {errors!r}: allowed: {', '.join(_ERRORS)}")
     caches = Caches() if caches is None else caches
     results: list = [None] * len(scenarios)
-    planned: list[tuple[int, PlanNumbers]] = []
+    groups: dict[tuple, list[tuple[int, PlanNumbers]]] = {}
+    pending = 0
     for k, scenario in enumerate(scenarios):
         try:
-            planned.append((k, numbers(caches, prepare(scenario))))
+            item = (k, numbers(caches, prepare(scenario, caches.schedules)))
         except MemsimError as error:
             if errors == "raise":
                 raise
             results[k] = error
-    groups: dict[tuple, list[tuple[int, PlanNumbers]]] = {}
-    for item in planned:
+            continue
         groups.setdefault(item[1].structure_key, []).append(item)
+        pending += 1
+        if pending >= PENDING_PLANS:
+            _flush(groups, results, caches, replay)
+            pending = 0
+    _flush(groups, results, caches, replay)
+    return results
+
+
+# Plans whose numbers wait for their group's evaluation: each plan's report is the same whichever plans are
+# evaluated beside it (the evaluation is row by row), so evaluating every few hundred plans bounds what a search
+# holds (a plan's numbers keep its schedule's graph alive) at the price of a group split now and then.
+PENDING_PLANS = 256
+
+
+def _flush(groups: dict, results: list, caches: Caches, replay: bool) -> None:
     for items in groups.values():
         for (k, _), report in zip(items, _evaluate_group([plan for _, plan in items], caches, replay)):
             results[k] = report
-    return results
+    groups.clear()
 
 
 def _replay_timing(caches: Caches, numbers_: PlanNumbers, schedule) -> list[Timing]:
     """Per rank, when the actions of the replayed schedule run: its graph evaluated with the plan's costs."""
     plan = numbers_.prepared.plan
-    skey = ("replay", schedule.name, tuple(schedule.ranks)) + numbers_.structure_key[2:]
+    skey = ("replay", schedule.name, tuple(schedule.ranks)) + numbers_.structure_key[1:]
     structure = numbers_.structure if schedule is numbers_.prepared.schedule else caches.structures.get(skey)
     if structure is None:
         at_end, blocking, reduces, tied = numbers_.structure_key[-4:]
@@ -113,13 +128,16 @@ def _replayed(caches: Caches, numbers_: PlanNumbers) -> list[tuple[int, int, boo
     out = []
     for r in range(prepared.plan.pp):
         actions = schedule.ranks[r]
-        chunks = {c: numbers_.chunks[(r, c)] for c in range(prepared.plan.virtual_stages)}
+        chunks = {}
+        for c in range(prepared.plan.virtual_stages):
+            model, profile_key, _ = numbers_.chunks[(r, c)]
+            chunks[c] = (model, caches.profile(profile_key))
         firsts: dict[int, int] = {}
         for a in actions:
             if a.kind in ("B", "I"):
                 firsts.setdefault(a.chunk, a.microbatch)
         out.append(replay_rank(prepared.cluster.allocator_kind, allocator, prepared.cluster.allocator_capacity_bytes,
-                               {c: chunk[:2] for c, chunk in chunks.items()}, actions, firsts,
+                               chunks, actions, firsts,
                                keeps_output(prepared.recipe.framework), timings[r]))
     return out
 

@@ -13,9 +13,14 @@ from __future__ import annotations
 import heapq
 import math
 
+from simulator.explore.bounded import Lru
 from simulator.network.collectives import REFERENCE_BYTES, candidates, collective_time_s, lower_collective
 from simulator.network.flows import FlowNetwork
 from simulator.network.topology import Topology
+
+
+TIMES_KEPT = 200_000          # collective times remembered (a key holds the stage's other groups)
+GROUPS_KEPT = 20_000          # footprints and "apart" verdicts per (kind, groups)
 
 
 class NetworkCosts:
@@ -23,9 +28,10 @@ class NetworkCosts:
 
     def __init__(self, topology: Topology):
         self.topology = topology
-        self._seen: dict[tuple, float] = {}
-        self._footprints: dict[tuple, frozenset[int]] = {}
-        self._apart: dict[tuple, bool] = {}
+        # Bounded: a search of a large cluster meets tens of thousands of (groups, size) keys.
+        self._seen = Lru(TIMES_KEPT)
+        self._footprints = Lru(GROUPS_KEPT)
+        self._apart = Lru(GROUPS_KEPT)
 
     def collective_s(self, kind: str, group: tuple[int, ...], size_bytes: float,
                      together: tuple[tuple[int, ...], ...] = ()) -> float:

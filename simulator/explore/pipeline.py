@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.parallel.schedule_check import CommStep, program
 from simulator.parallel.schedules import Action, Schedule
 
 # Action cost slots per (rank, chunk): F; B (or I) of the chunk's first backward, a later one, its last one
@@ -71,6 +70,7 @@ class Structure:
     memory: tuple[MemoryRows, ...]
     sync_nodes: tuple[tuple[int, ...], ...]   # per rank, per chunk: the node of its synchronising backward
     joins: tuple[np.ndarray, ...] = ()        # per rank, the nodes where its compute waits for blocking sends
+    steps: tuple = ()                         # evaluate's gathers per level (_steps)
 
 
 def transfer_slot(kind: str, src: int) -> int:
@@ -109,7 +109,7 @@ def _slots(schedule: Schedule, rank: int) -> list[int]:
 
 def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
     v = schedule.virtual_stages
-    state = np.zeros(v * COORDS, dtype=np.int64)
+    state = [0] * (v * COORDS)
     seen: dict[tuple, None] = {}
     for a in schedule.ranks[rank]:
         c = a.chunk
@@ -120,7 +120,7 @@ def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
             kind = M_B_LATER if state[base + DONE_B] else M_B_FIRST
         else:
             kind = M_W_LATER if state[base + DONE_W] else M_W_FIRST
-        seen.setdefault((c * MTYPES + kind,) + tuple(int(x) for x in state), None)
+        seen.setdefault((c * MTYPES + kind, *state), None)
         if a.kind == "F":
             state[base + N_F] += 1
         elif a.kind == "B":
@@ -138,18 +138,56 @@ def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
 
 
 class _Graph:
-    """Nodes under construction: cost slot, predecessors and offset slots (lists, patched in place)."""
+    """Nodes under construction: cost slot, predecessors and offset slots (flat lists, patched in place)."""
 
     def __init__(self) -> None:
         self.cost: list[int] = []
-        self.preds: list[list[int]] = []
-        self.offsets: list[list[int]] = []
+        self.preds: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.offsets: tuple[list[int], list[int], list[int]] = ([], [], [])
 
-    def add(self, cost: int, preds: tuple[int, ...], offsets: tuple[int, ...] = ()) -> int:
+    def add(self, cost: int, pred: int, pred2: int = -1, offsets: tuple[int, int] = (-1, -1)) -> int:
         self.cost.append(cost)
-        self.preds.append(list(preds) + [-1] * (3 - len(preds)))
-        self.offsets.append(list(offsets) + [-1] * (3 - len(offsets)))
+        first, second, third = self.preds
+        first.append(pred)
+        second.append(pred2)
+        third.append(-1)
+        offset_first, offset_second, offset_third = self.offsets
+        offset_first.append(offsets[0])
+        offset_second.append(offsets[1])
+        offset_third.append(-1)
         return len(self.cost) - 1
+
+    def columns(self, lists) -> np.ndarray:
+        return np.array(lists, dtype=np.int64).reshape(3, len(self.cost)).T.copy()
+
+
+def _lowered(schedule: Schedule) -> list[list[tuple]]:
+    """Per rank, (recv, action, send) for each action: what schedule_check.program posts around it, as keys.
+    A recv is (kind, src rank, producer key, transfer key) and a send the transfer key (kind, producing stage,
+    micro-batch), or None: an F needs only the previous stage's F and a B or I only the next stage's B or I,
+    so each action receives at most one message and sends at most one (program's dependencies and transfers)."""
+    stages = schedule.num_stages
+    owner = schedule.stage_ranks
+    grad_kind = {(a.stage, a.microbatch): a.kind for actions in schedule.ranks for a in actions if a.kind in ("B", "I")}
+    recvs: dict[tuple, tuple] = {}
+    sends: dict[tuple, tuple] = {}
+    for rank, actions in enumerate(schedule.ranks):
+        for a in actions:
+            stage, microbatch = a.stage, a.microbatch
+            if a.kind == "F":
+                if stage == 0:
+                    continue
+                dep, kind = (stage - 1, "F", microbatch), "activation"
+            elif a.kind in ("B", "I") and stage + 1 < stages:
+                dep, kind = (stage + 1, grad_kind.get((stage + 1, microbatch), "B"), microbatch), "gradient"
+            else:
+                continue
+            src = owner[dep[0]]
+            if src != rank:
+                transfer = (kind, dep[0], microbatch)
+                recvs[a.key] = (kind, src, dep, transfer)
+                sends[dep] = transfer
+    return [[(recvs.get(a.key), a, sends.get(a.key)) for a in actions] for actions in schedule.ranks]
 
 
 def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_end: bool = False,
@@ -167,15 +205,13 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
     reductions add after the synchronising node's end.
     """
     p, v, m = schedule.num_ranks, schedule.virtual_stages, schedule.microbatches
-    lowered = program(schedule)
+    lowered = _lowered(schedule)
     transfer_base = p * v * SLOTS
     tail_base = transfer_base + 2 * p
     graph = _Graph()
     node_of: dict[tuple[int, str, int], int] = {}       # (stage, kind, microbatch) -> action node
-    recvs: list[tuple[int, CommStep]] = []
-    transfer_counts = np.zeros((p, 2 * p), dtype=np.int64)
-    sends = np.zeros((p, 2 * p), dtype=np.int64)
-    action_counts = np.zeros((p, v, SLOTS), dtype=np.int64)
+    recvs: list[tuple[int, tuple]] = []                 # (recv node, (kind, src rank, producer key, transfer key))
+    counts: dict[tuple, int] = {}                       # ("recv" | "send", rank, slot) and (rank, chunk, slot)
     sync_nodes = [[-1] * v for _ in range(p)]
     last = [-1] * p
     last_action = [-1] * p
@@ -185,7 +221,7 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
     def join(rank: int, unsent: list[tuple]) -> None:
         # Two transfers per join node (a node has three predecessors); patched once every recv node exists.
         for k in range(0, len(unsent), 2):
-            last[rank] = graph.add(-1, (last[rank],))
+            last[rank] = graph.add(-1, last[rank])
             waits.append((last[rank], unsent[k:k + 2]))
             joined[rank].append(last[rank])
         unsent.clear()
@@ -193,69 +229,79 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
     for rank in range(p):
         slots = iter(_slots(schedule, rank))
         unsent: list[tuple] = []
-        for step in lowered[rank]:
-            if isinstance(step, CommStep):
-                slot = transfer_slot(step.transfer.kind, step.transfer.src_rank)
-                if step.op == "recv":
-                    last[rank] = graph.add(transfer_base + slot, (last[rank],))
-                    recvs.append((last[rank], step))
-                    transfer_counts[rank, slot] += 1
-                else:
-                    sends[rank, slot] += 1
-                    if blocking_sends:
-                        unsent.append(step.transfer.key)
-                continue
+        for recv, action, send in lowered[rank]:
+            if recv is not None:
+                slot = transfer_slot(recv[0], recv[1])
+                last[rank] = graph.add(transfer_base + slot, last[rank])
+                recvs.append((last[rank], recv))
+                counts["recv", rank, slot] = counts.get(("recv", rank, slot), 0) + 1
             if unsent:
                 join(rank, unsent)
             slot = next(slots)
-            node = graph.add(rank * v * SLOTS + step.chunk * SLOTS + slot, (last[rank],))
-            node_of[step.key] = node
-            action_counts[rank, step.chunk, slot] += 1
+            node = graph.add(rank * v * SLOTS + action.chunk * SLOTS + slot, last[rank])
+            node_of[action.key] = node
+            counts[rank, action.chunk, slot] = counts.get((rank, action.chunk, slot), 0) + 1
             if slot in (B_SYNC, W_SYNC):
-                sync_nodes[rank][step.chunk] = node
+                sync_nodes[rank][action.chunk] = node
             last[rank] = node
+            if send is not None:
+                slot = transfer_slot(send[0], rank)
+                counts["send", rank, slot] = counts.get(("send", rank, slot), 0) + 1
+                if blocking_sends:
+                    unsent.append(send)
         compute_end_node = last[rank]
         if unsent:
             join(rank, unsent)
         last_action[rank] = compute_end_node
     compute_end = list(last_action)
+    transfer_counts = np.zeros((p, 2 * p), dtype=np.int64)
+    sends = np.zeros((p, 2 * p), dtype=np.int64)
+    action_counts = np.zeros((p, v, SLOTS), dtype=np.int64)
+    for key, n in counts.items():
+        if key[0] == "recv":
+            transfer_counts[key[1], key[2]] = n
+        elif key[0] == "send":
+            sends[key[1], key[2]] = n
+        else:
+            action_counts[key] = n
     # A recv waits for its producer and for the sender's previous send of that kind (one stream per kind),
     # which the sender posts in the order it produces them.
     by_sender: dict[tuple[int, str], list[tuple[int, int]]] = {}
     delivered: dict[tuple, int] = {}
-    for node, step in recvs:
-        t = step.transfer
-        producer = node_of[t.producer.key]
-        graph.preds[node][1] = producer
-        by_sender.setdefault((t.src_rank, t.kind), []).append((producer, node))
-        delivered[t.key] = node
+    for node, (kind, src, producer_key, transfer_key) in recvs:
+        producer = node_of[producer_key]
+        graph.preds[1][node] = producer
+        by_sender.setdefault((src, kind), []).append((producer, node))
+        delivered[transfer_key] = node
     for node, transfers in waits:
         for k, key in enumerate(transfers):
-            graph.preds[node][1 + k] = delivered[key]
+            graph.preds[1 + k][node] = delivered[key]
     for items in by_sender.values():
         items.sort()                       # a rank's action nodes are numbered in its order
         for (_, before), (_, node) in zip(items, items[1:]):
-            graph.preds[node][2] = before
+            graph.preds[2][node] = before
     flush = [-1] * p
     for rank in range(p):
         if reduces:
             queue = -1
             for node, chunk in sorted((n, c) for c, n in enumerate(sync_nodes[rank]) if n >= 0):
                 slot = 2 * (rank * v + chunk)
-                queue = graph.add(-1, (queue, last[rank] if reduce_at_end else node), (slot, slot + 1))
+                queue = graph.add(-1, queue, last[rank] if reduce_at_end else node, (slot, slot + 1))
             if queue >= 0:
-                last[rank] = graph.add(-1, (last[rank], queue))
+                last[rank] = graph.add(-1, last[rank], queue)
         flush[rank] = last[rank]
     tied_node = [-1] * p
     if tied and p > 1:
         for rank in (0, p - 1):
-            tied_node[rank] = last[rank] = graph.add(tail_base + 2 * rank, (flush[0], flush[p - 1]))
-    step_node = [graph.add(tail_base + 2 * rank + 1, (last[rank],)) for rank in range(p)]
-    preds = np.array(graph.preds, dtype=np.int64)
+            tied_node[rank] = last[rank] = graph.add(tail_base + 2 * rank, flush[0], flush[p - 1])
+    step_node = [graph.add(tail_base + 2 * rank + 1, last[rank]) for rank in range(p)]
+    preds = graph.columns(graph.preds)
+    offset_index = graph.columns(graph.offsets)
+    levels = _levels(graph.preds)
     return Structure(
         p=p, v=v, m=m, split=schedule.split_backward, n_nodes=len(graph.cost),
         cost_index=np.array(graph.cost, dtype=np.int64), preds=preds,
-        offset_index=np.array(graph.offsets, dtype=np.int64), levels=_levels(preds),
+        offset_index=offset_index, levels=levels, steps=_steps(levels, preds, offset_index, len(graph.cost)),
         rank_last=np.array(step_node), rank_flush=np.array(flush), rank_compute_end=np.array(compute_end),
         tied_node=np.array(tied_node), transfer_counts=transfer_counts, sends=sends, action_counts=action_counts,
         memory=tuple(_memory_rows(schedule, r) for r in range(p)),
@@ -273,30 +319,36 @@ def offset_table_size(structure: Structure) -> int:
     return 2 * structure.p * structure.v
 
 
-def _levels(preds: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Node ids grouped by level (1 + the highest level of a predecessor); nodes only follow their
-    predecessors' ids within a rank, so levels are found by relaxing until nothing changes."""
-    n = len(preds)
-    level = np.zeros(n, dtype=np.int64)
-    order = _topological(preds)
-    for node in order:
+def _levels(preds: tuple[list[int], list[int], list[int]]) -> tuple[np.ndarray, ...]:
+    """Node ids grouped by level (1 + the highest level of a predecessor), each level's ids ascending; `preds`
+    the three predecessor columns (-1: none). Nodes only follow their predecessors' ids within a rank, so the
+    levels are set in a topological order."""
+    n = len(preds[0])
+    if not n:
+        return ()
+    level = [0] * n
+    rows = list(zip(*preds))
+    for node in _topological(rows):
         best = -1
-        for q in preds[node]:
+        for q in rows[node]:
             if q >= 0 and level[q] > best:
                 best = level[q]
         level[node] = best + 1
-    return tuple(np.flatnonzero(level == k) for k in range(int(level.max()) + 1)) if n else ()
+    levels = np.array(level, dtype=np.int64)
+    order = np.argsort(levels, kind="stable")            # ids ascending within a level
+    bounds = np.cumsum(np.bincount(levels))[:-1]
+    return tuple(np.split(order, bounds))
 
 
-def _topological(preds: np.ndarray) -> list[int]:
+def _topological(rows: list[tuple[int, int, int]]) -> list[int]:
     """A topological order of the nodes (Kahn's algorithm, smallest id first among the ready ones)."""
     import heapq
 
-    n = len(preds)
-    waiting = np.zeros(n, dtype=np.int64)
+    n = len(rows)
+    waiting = [0] * n
     successors: list[list[int]] = [[] for _ in range(n)]
-    for node in range(n):
-        for q in preds[node]:
+    for node, row in enumerate(rows):
+        for q in row:
             if q >= 0:
                 waiting[node] += 1
                 successors[q].append(node)
@@ -313,20 +365,52 @@ def _topological(preds: np.ndarray) -> list[int]:
     return order
 
 
+def _steps(levels: tuple[np.ndarray, ...], preds: np.ndarray, offset_index: np.ndarray,
+           n_nodes: int) -> tuple[tuple, ...]:
+    """evaluate's work per level, gathered once per structure: (nodes, per slot (the predecessor column, or None
+    where no node of the level has a predecessor there; the offset column, or None where none has an offset)).
+    A missing predecessor is column n_nodes (time 0) and a missing offset the zero column (-1), as evaluate pads
+    them. Computed over all levels at once, then cut at the levels' bounds."""
+    if not levels:
+        return ()
+    order = np.concatenate(levels)
+    sizes = np.array([len(nodes) for nodes in levels])
+    firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    cuts = firsts[1:]
+    columns = []
+    for table, missing in ((preds, n_nodes), (offset_index, -1)):
+        for k in range(3):
+            column = table[order, k]
+            present = column >= 0
+            some = np.add.reduceat(present.astype(np.int64), firsts) > 0
+            parts = np.split(np.where(present, column, missing), cuts)
+            columns.append([part if any_ else None for part, any_ in zip(parts, some.tolist())])
+    pred_columns, offset_columns = columns[:3], columns[3:]
+    return tuple((nodes, tuple((pred_columns[k][i], offset_columns[k][i]) for k in range(3)))
+                 for i, nodes in enumerate(levels))
+
+
 def evaluate(structure: Structure, costs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """End time of every node for every plan: `costs` (plans, cost_table_size), `offsets` (plans,
-    offset_table_size); returns (plans, nodes). A node with cost slot -1 costs nothing."""
+    offset_table_size); returns (plans, nodes). A node with cost slot -1 costs nothing.
+
+    Each node ends at max over its three slots of (the predecessor's end + the offset) + its cost, a slot
+    without a predecessor counting as time 0 and without an offset as 0.0; a level where no node has a
+    predecessor or an offset in a slot takes 0.0 there as a scalar (the same values, fewer gathers)."""
     plans = costs.shape[0]
     padded_costs = np.concatenate([costs, np.zeros((plans, 1))], axis=1)
     padded_offsets = np.concatenate([offsets, np.zeros((plans, 1))], axis=1)
     node_cost = padded_costs[:, structure.cost_index]              # -1 -> the zero column
     end = np.full((plans, structure.n_nodes + 1), 0.0)              # column n: "no predecessor", time 0
-    end[:, -1] = 0.0
-    preds = np.where(structure.preds >= 0, structure.preds, structure.n_nodes)
-    offset_index = structure.offset_index
-    for nodes in structure.levels:
-        start = end[:, preds[nodes, 0]] + padded_offsets[:, offset_index[nodes, 0]]
-        for k in (1, 2):
-            np.maximum(start, end[:, preds[nodes, k]] + padded_offsets[:, offset_index[nodes, k]], out=start)
+    steps = structure.steps or _steps(structure.levels, structure.preds, structure.offset_index, structure.n_nodes)
+    for nodes, terms in steps:
+        start = None
+        for column, offset in terms:
+            term = end[:, column] if column is not None else 0.0
+            term = term + (padded_offsets[:, offset] if offset is not None else 0.0)
+            if start is None:
+                start = term if isinstance(term, np.ndarray) else np.full((plans, len(nodes)), term)
+            else:
+                np.maximum(start, term, out=start)
         end[:, nodes] = start + node_cost[:, nodes]
     return end[:, :-1]

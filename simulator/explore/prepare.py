@@ -4,7 +4,6 @@ its programs: the same functions in the same order, so an invalid plan raises th
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 from simulator.api import (_check_device_options, _check_plan, _names_topology, _run_device, kernel_profile,
@@ -36,15 +35,18 @@ class Prepared:
     kernels: KernelProfile
     multi: bool                  # dp * tp * pp > 1 (the report has the multi-rank keys)
     overlap: OverlapOptions = NO_OVERLAP_CHANGE     # what the run overlaps (parallel/overlap.py)
+    builtin: tuple | None = None  # (name, p, m, v) of a built-in schedule (its actions depend on nothing else)
 
     @property
     def topology(self):
         return self.cluster.topology
 
 
-def prepare(scenario: Scenario) -> Prepared:
+def prepare(scenario: Scenario, schedules=None) -> Prepared:
     """Check `scenario` as `simulate(scenario)` does and resolve its cluster, plan, recipe and schedule, with the
     device as the run's kernels see it (attention backend, CUDA graphs: api._run_device) and the overlap switches.
+    `schedules`: a memo (dict-like: get / setitem) of built-in schedules by (name, p, m, v) that the caller keeps
+    (Caches.schedules, bounded); None builds the schedule.
 
     Raises:
         MemsimError: the error `simulate(scenario)` raises for it (same message).
@@ -64,7 +66,7 @@ def prepare(scenario: Scenario) -> Prepared:
         plan = ParallelPlan(dp=1, tp=1, pp=1, stages=_one_stage(scenario))
         schedule = by_name("1f1b", 1, recipe.accumulation_steps)
         return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario),
-                        kernel_profile(device), False)
+                        kernel_profile(device), False, builtin=("1f1b", 1, recipe.accumulation_steps, 1))
     # api._multi_setup's checks, in its order.
     _check_plan(scenario, multi=True)
     cluster = resolve_cluster(scenario)
@@ -79,25 +81,37 @@ def prepare(scenario: Scenario) -> Prepared:
     plan = make_plan(scenario, topology)
     overlap = resolve_overlap(scenario, nvlink=cluster.device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
     recipe = multi_recipe(scenario, cluster.device, cluster.topology)
-    schedule = _schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+    schedule = _schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages, schedules)
     if p.pp == 1:
         _check_data_parallel(recipe)       # what build_iteration checks first (pp > 1: _check_plan did)
     device = _run_device(scenario, cluster.device)
+    builtin = ((p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages)
+               if isinstance(p.schedule, str) and p.schedule in SCHEDULE_NAMES else None)
     return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario), kernel_profile(device),
-                    multi, overlap)
+                    multi, overlap, builtin)
 
 
-def _schedule(spec, p: int, m: int, v: int) -> Schedule:
-    """load_schedule's schedule; a built-in one is built and validated once per (name, p, m, v) and shared (a
-    Schedule is immutable and a built-in name's actions depend on nothing else). An action file is read each time."""
-    if isinstance(spec, str) and spec in SCHEDULE_NAMES:
-        return _builtin_schedule(spec, p, m, v)
-    return load_schedule(spec, p, m, v)
+def _schedule(spec, p: int, m: int, v: int, schedules) -> Schedule:
+    """load_schedule's schedule; a built-in one is built and validated once per (name, p, m, v) in `schedules`
+    and shared (a Schedule is immutable and a built-in name's actions depend on nothing else). An action file is
+    read each time."""
+    if not (isinstance(spec, str) and spec in SCHEDULE_NAMES):
+        return load_schedule(spec, p, m, v)
+    key = (spec, p, m, v)
+    found = schedules.get(key) if schedules is not None else None
+    if found is None:
+        found = load_schedule(spec, p, m, v)       # a refusal raises and is not remembered
+        if schedules is not None:
+            schedules[key] = found
+    return found
 
 
-@functools.lru_cache(maxsize=512)
-def _builtin_schedule(name: str, p: int, m: int, v: int) -> Schedule:
-    return load_schedule(name, p, m, v)       # a refusal raises and is not remembered
+def schedule_identity(prepared: Prepared) -> tuple:
+    """What a plan's schedule's actions depend on, as a cache key: a built-in schedule's (name, p, m, v), else
+    its actions (hashing every action of a long built-in schedule for each plan is what this avoids)."""
+    if prepared.builtin is not None:
+        return ("built-in",) + prepared.builtin
+    return ("actions", prepared.schedule.name, prepared.schedule.ranks)
 
 
 def _multi_setup(scenario: Scenario) -> None:

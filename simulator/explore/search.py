@@ -171,6 +171,24 @@ def _shortfall(report: dict) -> str:
             f" GiB ({(need - worst['capacity_bytes']) / 2**30:+.1f} GiB)")
 
 
+def _estimate_in_profile_order(scenarios: list, settings: list[Settings], caches: Caches) -> list:
+    """estimate_reports(scenarios, replay=False), the plans taken by (tp, micro-batch), then in enumeration
+    order: the plans of one (tp, micro-batch) share their chunks' profiles whatever their pp, so each profile
+    is recorded once and the bounded caches (assemble.Caches) keep what the next plans reuse; a schedule and its
+    graph are still used by consecutive plans. Each report is the same in any order (the caches are exact);
+    they are returned in the scenarios' order."""
+    def key(k: int) -> tuple:
+        chosen = dict(settings[k])
+        return (chosen.get("parallel.tp", 0), chosen.get("training.micro_batch_size", 0), k)
+
+    order = sorted(range(len(scenarios)), key=key)
+    reports = estimate_reports([scenarios[k] for k in order], errors="return", caches=caches, replay=False)
+    out: list = [None] * len(scenarios)
+    for k, report in zip(order, reports):
+        out[k] = report
+    return out
+
+
 def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology: str, nodes: int | None = None,
                  top_k: int = 10, verify: bool = True, executor=None,
                  progress: Callable[[str, int, int], None] | None = None,
@@ -233,7 +251,7 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     # Peak allocated first (fast): a plan that does not fit by it does not fit at all (reserved >= allocated).
     # The allocator replay for peak reserved then runs on the plans that may fit, fastest first, until top_k
     # fit by it: the ranking and the plans verified are those a replay of every plan would give.
-    estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
+    estimates = _estimate_in_profile_order(scenarios, [settings_list[k] for k in where], caches)
     scenario_of = dict(zip(where, scenarios))
     may_fit = sorted((e["iteration_time_s"], k) for k, e in zip(where, estimates)
                      if not isinstance(e, MemsimError) and e["fits"] and not e.get("leaves_out"))
