@@ -74,17 +74,24 @@ def run_command(scenario: Path, set_: Optional[list[str]] = None, out: Optional[
     from simulator.api import simulate
     from simulator.scenario import load_scenario
 
+    pending = None
     try:
         loaded = load_scenario(scenario, (set_ or []) + (["run.full=true"] if full else []))
+        if fit_advice > 0:
+            from simulator.explore.fit import PendingAdvice
+
+            # the candidates' estimates and simulations start on another core while the job itself simulates
+            pending = PendingAdvice(scenario, set_ or [], verify=fit_advice)
         # only the --out files read memory samples and allocator events (the snapshot)
         result = simulate(loaded, timelines=out is not None, events=out is not None, memory_workers=memory_workers)
         keep(result)
-        if not result.report["fits"] and fit_advice > 0:
-            from simulator.explore.fit import what_would_fit
-
-            result.report["what_would_fit"] = what_would_fit(scenario, set_ or [], result.report, verify=fit_advice)
+        if not result.report["fits"] and pending is not None:
+            result.report["what_would_fit"] = pending.result(result.report)
     except MemsimError as error:
         return fail(str(error))
+    finally:
+        if pending is not None:
+            pending.cancel()
     paths: list[Path] = []
     if out is not None:
         # Files first: a run that cannot write its outputs prints nothing but the error.

@@ -327,13 +327,22 @@ def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[s
     """
     if original.get("fits", True) or verify < 1:
         return []
-    source = os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
+    return _entries(*_simulated(_source(scenario), overrides, verify, executor or _InProcess()), original)
+
+
+def _source(scenario: Scenario | str | os.PathLike) -> str:
+    return os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
+
+
+def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> tuple[int, list[tuple[Change, dict]]]:
+    """What what_would_fit simulates, round by round until a candidate fits: (the job's GPUs, [(change, report)])."""
+    from simulator.api import check_scenario
+
     document = read_scenario_document(source)
     base = scenario_from_dict(document, source, list(overrides))
     gpus = base.parallel.dp * base.parallel.tp * base.parallel.pp
     singles = single_changes(base, gpus)
-    executor = executor or _InProcess()
-    verified: list[dict] = []
+    simulated: list[tuple[Change, dict]] = []
     valid_singles: list[Change] = []
     for size in range(1, MAX_COMBINED + 1):
         pool = singles if size == 1 else _combine(valid_singles, size)
@@ -341,8 +350,6 @@ def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[s
         for change in pool:
             try:
                 candidate = scenario_from_dict(document, source, [*overrides, *change.sets])
-                from simulator.api import check_scenario
-
                 check_scenario(candidate)
             except MemsimError:
                 continue               # a change this scenario cannot take (the run would refuse it)
@@ -353,8 +360,82 @@ def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[s
         jobs = [(document, source, [*overrides, *change.sets, *_QUIET_RUN]) for change in chosen]
         for change, outcome in zip(chosen, executor.map(_simulate, jobs)):
             if isinstance(outcome, dict):
-                verified.append(_entry(change, outcome, original, gpus))
-        if any(entry["fits"] for entry in verified):
+                simulated.append((change, outcome))
+        if any(report["fits"] for _, report in simulated):
             break
+    return gpus, simulated
+
+
+def _entries(gpus: int, simulated: list[tuple[Change, dict]], original: dict) -> list[dict]:
+    verified = [_entry(change, report, original, gpus) for change, report in simulated]
     verified.sort(key=lambda e: (not e["fits"], e["gpu_time_ratio"], e["iteration_time_s"], e["label"]))
     return verified
+
+
+class _Forking:
+    """Simulates the candidates of a round side by side, one process per core (simulator/forked.py)."""
+
+    def map(self, fn: Callable, items: Iterable) -> list:
+        from simulator.forked import cores, fork_map
+
+        return fork_map(fn, items, cores())
+
+
+def _speculate(source: str, overrides: Sequence[str], verify: int):
+    """In a process of its own, before the job's own run says whether it fits: None where the estimate says it fits
+    by peak allocated (then it most likely does, and there is nothing to prepare), else what what_would_fit
+    simulates."""
+    from simulator.explore.estimate import estimate_reports
+
+    base = scenario_from_dict(read_scenario_document(source), source, list(overrides))
+    estimate = estimate_reports([base], errors="return", replay=False)[0]
+    if isinstance(estimate, MemsimError) or estimate["fits"]:
+        return None
+    return _simulated(source, overrides, verify, _Forking())
+
+
+class PendingAdvice:
+    """what_would_fit started in a forked process (simulator/forked.py) while the job's own simulation runs, for a
+    command-line run: the same list, sooner, on a machine with a free core.
+
+        pending = PendingAdvice(path, overrides, verify)      # before simulating the job
+        try:
+            report = simulate(...).report
+            advice = pending.result(report)                   # what what_would_fit(path, overrides, report) gives
+        finally:
+            pending.cancel()
+
+    The helper first estimates the job: where the estimate says it fits, the helper stops (a fitting job costs the
+    other core that estimate) and `result` computes the list here if the run says otherwise. Where forking is not
+    safe (simulator/forked.py), `result` computes it here.
+    """
+
+    def __init__(self, scenario: Scenario | str | os.PathLike, overrides: Sequence[str], verify: int = DEFAULT_VERIFY):
+        from simulator.forked import Forked, fork_safe
+
+        self._args = (_source(scenario), list(overrides), verify)
+        self._job = Forked(_speculate, *self._args, own_group=True) if verify >= 1 and fork_safe() else None
+
+    def result(self, original: dict) -> list[dict]:
+        """what_would_fit(scenario, overrides, original, verify=verify), from the helper's work where it did it."""
+        from simulator.forked import Unanswered
+
+        if original.get("fits", True) or self._args[2] < 1:
+            self.cancel()
+            return []
+        simulated = None
+        if self._job is not None:
+            try:
+                simulated = self._job.result()
+            except Unanswered:
+                pass                     # computed here: an error it met is raised here, as without the helper
+            self._job = None
+        if simulated is None:
+            simulated = _simulated(*self._args, _Forking())
+        return _entries(*simulated, original)
+
+    def cancel(self) -> None:
+        """Stop the helper (and the simulations it forked) if it still runs."""
+        if self._job is not None:
+            self._job.cancel()
+            self._job = None
