@@ -71,7 +71,6 @@ def write_outputs(result, out_dir: Path) -> list[Path]:
 def run_command(scenario: Path, set_: Optional[list[str]] = None, out: Optional[Path] = None, as_json: bool = False,
                 full: bool = False, memory_workers: Optional[int] = None, fit_advice: int = 3) -> int:
     """`memsim run`'s work with its options read (simulator/cli_app.py documents them); the exit status."""
-    from simulator.api import simulate
     from simulator.scenario import load_scenario
 
     pending = None
@@ -80,8 +79,11 @@ def run_command(scenario: Path, set_: Optional[list[str]] = None, out: Optional[
         if fit_advice > 0:
             from simulator.explore.fit import PendingAdvice
 
-            # the candidates' estimates and simulations start on another core while the job itself simulates
+            # The candidates' estimates and simulations start on another core while the job itself simulates
+            # (the simulator's modules are imported after the fork: by both processes at once).
             pending = PendingAdvice(scenario, set_ or [], verify=fit_advice)
+        from simulator.api import simulate
+
         # only the --out files read memory samples and allocator events (the snapshot)
         result = simulate(loaded, timelines=out is not None, events=out is not None, memory_workers=memory_workers)
         keep(result)
