@@ -10,7 +10,8 @@
 A child computes with a copy of this process's memory what this process would compute, so its answer is the same
 (fn must be deterministic); its stdout and stderr go to /dev/null, and it never returns into the caller's code.
 Forking is used only where engine/memory_worker.py forks: on Linux, in a process with one thread (a fork of one
-with others can leave a lock held in the child), with two cores or more available to it.
+with others can leave a lock held in the child), with two cores or more available to it; work split to gain time
+on idle cores at some extra CPU (`spare_core`) only while the load average leaves one idle.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def fork_safe() -> bool:
     """Whether forking a worker is safe and worth it here: Linux, one thread, two cores or more."""
     return hasattr(os, "fork") and sys.platform.startswith("linux") and threading.active_count() == 1 \
         and cores() >= 2
+
+
+def spare_core() -> bool:
+    """Whether forking is safe and a core is likely idle: the 1-minute load average below the cores (work that a
+    helper process does beside this one costs more CPU in all than doing it here, which pays only on idle cores)."""
+    return fork_safe() and os.getloadavg()[0] < cores()
 
 
 class Forked:

@@ -49,12 +49,12 @@ def test_each_listed_change_is_what_memsim_run_with_it_gives(showcase_advice):
 
 def test_the_advice_prepared_beside_the_run_is_what_would_fit_gives(showcase_advice):
     original, advice = showcase_advice
-    pending = PendingAdvice(SHOWCASE, [])            # forked where that is safe, before the run's answer
+    pending = PendingAdvice(SHOWCASE, [], helper=True)   # forked where that is safe, before the run's answer
     assert pending.result(original) == advice
-    stopped = PendingAdvice(SHOWCASE, [])
+    stopped = PendingAdvice(SHOWCASE, [], helper=True)
     stopped.cancel()                                 # no helper: computed in this process
     assert stopped.result(original) == advice
-    fits = PendingAdvice(SHOWCASE, [])
+    fits = PendingAdvice(SHOWCASE, [], helper=True)
     assert fits.result({**original, "fits": True}) == []
 
 

@@ -459,14 +459,18 @@ class PendingAdvice:
 
     The helper first estimates the job: where the estimate says it fits, the helper stops (a fitting job costs the
     other core that estimate) and `result` computes the list here if the run says otherwise. Where forking is not
-    safe (simulator/forked.py), `result` computes it here.
+    safe or no core is idle (simulator/forked.py spare_core), `result` computes it here.
     """
 
-    def __init__(self, scenario: Scenario | str | os.PathLike, overrides: Sequence[str], verify: int = DEFAULT_VERIFY):
-        from simulator.forked import Forked, fork_safe
+    def __init__(self, scenario: Scenario | str | os.PathLike, overrides: Sequence[str], verify: int = DEFAULT_VERIFY,
+                 helper: bool | None = None):
+        """`helper`: whether to fork the helper (None: where forking is safe and a core is idle, simulator/forked.py
+        spare_core; True: where forking is safe)."""
+        from simulator.forked import Forked, fork_safe, spare_core
 
         self._args = (_source(scenario), list(overrides), verify)
-        self._job = Forked(_speculate, *self._args, own_group=True) if verify >= 1 and fork_safe() else None
+        wanted = spare_core() if helper is None else helper and fork_safe()
+        self._job = Forked(_speculate, *self._args, own_group=True) if verify >= 1 and wanted else None
 
     def result(self, original: dict) -> list[dict]:
         """what_would_fit(scenario, overrides, original, verify=verify), from the helper's work where it did it."""
@@ -483,9 +487,9 @@ class PendingAdvice:
                 pass                     # computed here: an error it met is raised here, as without the helper
             self._job = None
         if simulated is None:
-            from simulator.forked import cores
+            from simulator.forked import cores, spare_core
 
-            simulated = _simulated(*self._args, _Forking(), cores())
+            simulated = _simulated(*self._args, _Forking(), cores() if spare_core() else 1)
         return _entries(*simulated, original)
 
     def cancel(self) -> None:
