@@ -5,7 +5,7 @@
     value = job.result()            # fn's return value; Unanswered if the child raised or died
     job.cancel()                    # or: stop it (the child and every process it forked)
 
-    fork_map(fn, items, processes)  # [fn(x) for x in items], up to `processes` at a time (this one included)
+    fork_map(fn, items, processes)  # [fn(x) for x in items], each in a child, up to `processes` at a time
 
 A child computes with a copy of this process's memory what this process would compute, so its answer is the same
 (fn must be deterministic); its stdout and stderr go to /dev/null, and it never returns into the caller's code.
@@ -21,7 +21,8 @@ import pickle
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections import deque
+from typing import Any, Callable, Iterable
 
 
 class Unanswered(Exception):
@@ -119,29 +120,31 @@ class Forked:
         self.pid = None
 
 
-def _part(fn: Callable, items: Sequence) -> list:
-    return [fn(item) for item in items]
-
-
 def fork_map(fn: Callable, items: Iterable, processes: int) -> list:
-    """[fn(x) for x in items], the items dealt round-robin to up to `processes` processes: this one and children
-    forked for the rest (where fork_safe); a child that gives no answer has its items computed here."""
-    items = list(items)
-    n = min(processes, len(items)) if fork_safe() else 1
-    if n < 2:
-        return _part(fn, items)
-    children = [Forked(_part, fn, items[k::n]) for k in range(1, n)]
+    """[fn(x) for x in items], each item in a child forked as soon as `items` yields it (a generator may compute
+    the next one meanwhile), at most `processes` children at once (the oldest is waited for); computed here where
+    forking is not safe, or where its child gives no answer."""
+    if processes < 1 or not fork_safe():
+        return [fn(item) for item in items]
+    out: list = []
+    running: deque[tuple[int, Any, Forked]] = deque()
     try:
-        parts = [_part(fn, items[0::n])]
-        for k, child in enumerate(children, start=1):
-            try:
-                parts.append(child.result())
-            except Unanswered:
-                parts.append(_part(fn, items[k::n]))
+        for item in items:
+            if len(running) >= processes:
+                _collect(fn, running.popleft(), out)
+            out.append(None)
+            running.append((len(out) - 1, item, Forked(fn, item)))
+        while running:
+            _collect(fn, running.popleft(), out)
     finally:
-        for child in children:
+        for *_, child in running:
             child.cancel()
-    out: list = [None] * len(items)
-    for k, part in enumerate(parts):
-        out[k::n] = part
     return out
+
+
+def _collect(fn: Callable, job: tuple[int, Any, Forked], out: list) -> None:
+    index, item, child = job
+    try:
+        out[index] = child.result()
+    except Unanswered:
+        out[index] = fn(item)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from simulator.errors import MemsimError
 from simulator.explore.grid import toml_value
@@ -267,87 +267,49 @@ def _estimable(estimate: dict) -> bool:
                                                        for w in estimate.get("warnings", ()))
 
 
-def _keep(verify: int, unknown: int) -> int:
-    """How many candidates the estimate ranks are simulated beside `unknown` ones it cannot judge."""
-    return max(verify - unknown, verify - 1 if unknown else verify, 0)
+def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Change]:
+    """The candidates to simulate, at most `verify`: the cheapest that the estimate says fit (GPU-seconds per token),
+    and at least one it cannot estimate when there is one (least estimated activation memory first); those it says
+    do not fit are left out."""
+    return list(_choose(candidates, verify))
 
 
-def _judged(candidates: Sequence[tuple[Change, Scenario]], verify: int) -> list[tuple]:
-    """What the choice reads of each candidate's estimate: ("error",), ("unknown", activations), ("no",) or
-    ("may fit", GPU-seconds per token, fits by the replay, or None where it was not replayed).
+def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[Change]:
+    """_chosen's list, each candidate as soon as it is known (a caller can simulate it while the next is judged).
 
     Peak allocated first, for all (fast); the allocator replay for peak reserved (most of an estimate's time) then
-    runs cheapest first on those that may fit, until as many fit by it as _chosen keeps. A candidate that does
-    not fit by peak allocated does not fit by peak reserved (reserved >= allocated), and the cost, the activations
-    and what the estimate leaves out do not depend on the replay.
+    runs cheapest first on those that may fit, until enough fit by it. A candidate that does not fit by peak
+    allocated does not fit by peak reserved (reserved >= allocated), and the cost, the activations and what the
+    estimate leaves out do not depend on the replay: the candidates chosen are those a replay of every one gives
+    (tests/test_fit_choice.py).
     """
     from simulator.explore.assemble import Caches
     from simulator.explore.estimate import estimate_reports
 
     caches = Caches()
-    estimates = estimate_reports([scenario for _, scenario in candidates], errors="return", caches=caches,
-                                 replay=False)
-    judged: list[tuple] = []
-    for (change, _), estimate in zip(candidates, estimates):
-        if isinstance(estimate, MemsimError):
-            judged.append(("error",))
-        elif not _estimable(estimate):
-            judged.append(("unknown", max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"])))
-        elif estimate["fits"] and estimate["tokens_per_s"] > 0:
-            judged.append(("may fit", change.gpus / estimate["tokens_per_s"], None))
-        else:
-            judged.append(("no",))
-    order = sorted((k for k, j in enumerate(judged) if j[0] == "may fit"),
-                   key=lambda k: (judged[k][1], len(candidates[k][0].sets)))
-    keep = _keep(verify, sum(j[0] in ("error", "unknown") for j in judged))
-    fitting = 0
-    for k in order:
-        if fitting >= keep:
-            break
-        fits = bool(estimate_reports([candidates[k][1]], errors="return", caches=caches)[0]["fits"])
-        judged[k] = ("may fit", judged[k][1], fits)
-        fitting += fits
-    return judged
-
-
-def _chosen(candidates: list[tuple[Change, Scenario]], verify: int, processes: int = 1) -> list[Change]:
-    """The candidates to simulate, at most `verify`: the cheapest that the estimate says fit (GPU-seconds per token),
-    and at least one it cannot estimate when there is one (least estimated activation memory first); those it says
-    do not fit are left out. Those a replay of every candidate's memory chooses (tests/test_fit_choice.py).
-
-    `processes` > 1: the candidates are estimated that many at a time (simulator/forked.py), dealt round-robin;
-    each process replays its own cheapest until as many of them fit as are kept, which includes every candidate
-    the ranking of all of them reaches (fewer fit before it among its process's than among all).
-    """
-    from simulator.forked import fork_map
-
-    parts = [candidates[k::processes] for k in range(processes)] if processes > 1 else [candidates]
-    judged: list = [None] * len(candidates)
-    for k, part in enumerate(fork_map(lambda part: _judged(part, verify), parts, len(parts))):
-        judged[k::len(parts)] = part
+    scenarios = [scenario for _, scenario in candidates]
+    estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
     may_fit, unknown = [], []
-    for index, ((change, _), judgement) in enumerate(zip(candidates, judged)):
-        if judgement[0] == "error":
+    for index, ((change, _), estimate) in enumerate(zip(candidates, estimates)):
+        if isinstance(estimate, MemsimError):
             unknown.append((float("inf"), index, change))
-        elif judgement[0] == "unknown":
+        elif not _estimable(estimate):
             # what the estimate leaves out (offload) is kept the same across these candidates; what it covers
             # (activations, recompute, micro-batch) orders them: least activation memory first
-            unknown.append((judgement[1], index, change))
-        elif judgement[0] == "may fit":
-            may_fit.append((judgement[1], len(change.sets), index, change))
+            unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
+        elif estimate["fits"] and estimate["tokens_per_s"] > 0:
+            may_fit.append((change.gpus / estimate["tokens_per_s"], len(change.sets), index, change))
     may_fit.sort(key=lambda item: (item[0], item[1]))
     unknown = [change for *_, change in sorted(unknown, key=lambda item: item[:2])]
-    keep = _keep(verify, len(unknown))
-    ranked: list[Change] = []
+    keep = max(verify - len(unknown), verify - 1 if unknown else verify, 0)
+    ranked = 0
     for *_, index, change in may_fit:
-        if len(ranked) >= keep:
+        if ranked >= keep:
             break
-        fits = judged[index][2]
-        if fits is None:                 # cannot happen: see above
-            raise AssertionError(f"what would fit: {change.label} ranked but not replayed")
-        if fits:
-            ranked.append(change)
-    return (ranked + unknown)[:verify]
+        if estimate_reports([scenarios[index]], errors="return", caches=caches)[0]["fits"]:
+            ranked += 1
+            yield change
+    yield from unknown[:verify - ranked]
 
 
 def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[str], original: dict, *,
@@ -378,10 +340,9 @@ def _source(scenario: Scenario | str | os.PathLike) -> str:
     return os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
 
 
-def _simulated(source: str, overrides: Sequence[str], verify: int, executor,
-               processes: int = 1) -> tuple[int, list[tuple[Change, dict]]]:
-    """What what_would_fit simulates, round by round until a candidate fits: (the job's GPUs, [(change, report)]);
-    `processes`: how many estimate the candidates at once (_chosen)."""
+def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> tuple[int, list[tuple[Change, dict]]]:
+    """What what_would_fit simulates, round by round until a candidate fits: (the job's GPUs, [(change, report)]).
+    The executor is handed the candidates as they are chosen (a forking one starts each at once)."""
     from simulator.api import check_scenario
 
     document = read_scenario_document(source)
@@ -402,14 +363,23 @@ def _simulated(source: str, overrides: Sequence[str], verify: int, executor,
             candidates.append((change, candidate))
         if size == 1:
             valid_singles = [change for change, _ in candidates]
-        chosen = _chosen(candidates, verify, processes) if candidates else []
-        jobs = [(document, source, [*overrides, *change.sets, *_QUIET_RUN]) for change in chosen]
-        for change, outcome in zip(chosen, executor.map(_simulate, jobs)):
+        chosen: list[Change] = []
+        choice = _choose(candidates, verify) if candidates else iter(())
+        outcomes = executor.map(_simulate, _jobs(choice, chosen, document, source, overrides))
+        for change, outcome in zip(chosen, outcomes):
             if isinstance(outcome, dict):
                 simulated.append((change, outcome))
         if any(report["fits"] for _, report in simulated):
             break
     return gpus, simulated
+
+
+def _jobs(choice: Iterator[Change], chosen: list[Change], document: dict, source: str,
+          overrides: Sequence[str]) -> Iterator[tuple[dict, str, list[str]]]:
+    """_simulate's job for each candidate as it is chosen (listed in `chosen`)."""
+    for change in choice:
+        chosen.append(change)
+        yield document, source, [*overrides, *change.sets, *_QUIET_RUN]
 
 
 def _entries(gpus: int, simulated: list[tuple[Change, dict]], original: dict) -> list[dict]:
@@ -441,9 +411,7 @@ def _speculate(source: str, overrides: Sequence[str], verify: int):
     estimate = estimate_reports([base], errors="return", replay=False)[0]
     if isinstance(estimate, MemsimError) or estimate["fits"]:
         return None
-    from simulator.forked import cores
-
-    return _simulated(source, overrides, verify, _Forking(), cores())
+    return _simulated(source, overrides, verify, _Forking())
 
 
 class PendingAdvice:
@@ -487,9 +455,7 @@ class PendingAdvice:
                 pass                     # computed here: an error it met is raised here, as without the helper
             self._job = None
         if simulated is None:
-            from simulator.forked import cores, spare_core
-
-            simulated = _simulated(*self._args, _Forking(), cores() if spare_core() else 1)
+            simulated = _simulated(*self._args, _Forking())
         return _entries(*simulated, original)
 
     def cancel(self) -> None:
