@@ -79,8 +79,7 @@ def run_command(scenario: Path, set_: Optional[list[str]] = None, out: Optional[
         if fit_advice > 0:
             from simulator.explore.fit import PendingAdvice
 
-            # The candidates' estimates and simulations start on another core while the job itself simulates
-            # (the simulator's modules are imported after the fork: by both processes at once).
+            # the candidates' estimates and simulations start on another core while the job itself simulates
             pending = PendingAdvice(scenario, set_ or [], verify=fit_advice)
         from simulator.api import simulate
 

@@ -437,8 +437,16 @@ class PendingAdvice:
         from simulator.forked import Forked, fork_safe, spare_core
 
         self._args = (_source(scenario), list(overrides), verify)
-        wanted = spare_core() if helper is None else helper and fork_safe()
-        self._job = Forked(_speculate, *self._args, own_group=True) if verify >= 1 and wanted else None
+        wanted = verify >= 1 and (spare_core() if helper is None else helper and fork_safe())
+        self._job = None
+        if wanted:
+            # What both processes run on is imported once, before the fork (the run's process needs it anyway);
+            # the helper imports the estimate's own modules.
+            import numpy  # noqa: F401
+
+            import simulator.api  # noqa: F401
+
+            self._job = Forked(_speculate, *self._args, own_group=True)
 
     def result(self, original: dict) -> list[dict]:
         """what_would_fit(scenario, overrides, original, verify=verify), from the helper's work where it did it."""
