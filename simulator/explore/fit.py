@@ -426,7 +426,7 @@ class PendingAdvice:
             pending.cancel()
 
     The helper first estimates the job: where the estimate says it fits, the helper stops (a fitting job costs the
-    other core that estimate) and `result` computes the list here if the run says otherwise. Where forking is not
+    other core that estimate and its imports) and `result` computes the list here if the run says otherwise. Where forking is not
     safe or no core is idle (simulator/forked.py spare_core), `result` computes it here.
     """
 
