@@ -1,6 +1,6 @@
 """`memsim validate capture|compare|published` and `memsim calibrate`: capture torch runs, compare with them, fit the device.
 
-Registered in simulator/cli.py with::
+Registered in simulator/cli_app.py with::
 
     app.add_typer(validate_app, name="validate")
     app.command("calibrate")(calibrate_command)

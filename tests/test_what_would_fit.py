@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from simulator.api import simulate
 from simulator.cli import app
-from simulator.explore.fit import single_changes, what_would_fit
+from simulator.explore.fit import PendingAdvice, single_changes, what_would_fit
 from simulator.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +45,17 @@ def test_each_listed_change_is_what_memsim_run_with_it_gives(showcase_advice):
         assert report["iteration_time_s"] == entry["iteration_time_s"]
         assert max(r["peak_reserved_bytes"] for r in report["ranks"]) == entry["peak_reserved_bytes"]
         assert entry["time_ratio"] == pytest.approx(original["tokens_per_s"] / report["tokens_per_s"])
+
+
+def test_the_advice_prepared_beside_the_run_is_what_would_fit_gives(showcase_advice):
+    original, advice = showcase_advice
+    pending = PendingAdvice(SHOWCASE, [], helper=True)   # forked where that is safe, before the run's answer
+    assert pending.result(original) == advice
+    stopped = PendingAdvice(SHOWCASE, [], helper=True)
+    stopped.cancel()                                 # no helper: computed in this process
+    assert stopped.result(original) == advice
+    fits = PendingAdvice(SHOWCASE, [], helper=True)
+    assert fits.result({**original, "fits": True}) == []
 
 
 def test_a_job_that_fits_gets_no_advice():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from simulator.errors import MemsimError
 from simulator.explore.grid import toml_value
@@ -269,12 +269,27 @@ def _estimable(estimate: dict) -> bool:
 
 def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Change]:
     """The candidates to simulate, at most `verify`: the cheapest that the estimate says fit (GPU-seconds per token),
-    and at least one it cannot estimate when there is one (least estimated activation memory first); those it says do not fit are left
-    out."""
+    and at least one it cannot estimate when there is one (least estimated activation memory first); those it says
+    do not fit are left out."""
+    return list(_choose(candidates, verify))
+
+
+def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[Change]:
+    """_chosen's list, each candidate as soon as it is known (a caller can simulate it while the next is judged).
+
+    Peak allocated first, for all (fast); the allocator replay for peak reserved (most of an estimate's time) then
+    runs cheapest first on those that may fit, until enough fit by it. A candidate that does not fit by peak
+    allocated does not fit by peak reserved (reserved >= allocated), and the cost, the activations and what the
+    estimate leaves out do not depend on the replay: the candidates chosen are those a replay of every one gives
+    (tests/test_fit_choice.py).
+    """
+    from simulator.explore.assemble import Caches
     from simulator.explore.estimate import estimate_reports
 
-    estimates = estimate_reports([scenario for _, scenario in candidates], errors="return")
-    fitting, unknown = [], []
+    caches = Caches()
+    scenarios = [scenario for _, scenario in candidates]
+    estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
+    may_fit, unknown = [], []
     for index, ((change, _), estimate) in enumerate(zip(candidates, estimates)):
         if isinstance(estimate, MemsimError):
             unknown.append((float("inf"), index, change))
@@ -283,12 +298,18 @@ def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Chan
             # (activations, recompute, micro-batch) orders them: least activation memory first
             unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
         elif estimate["fits"] and estimate["tokens_per_s"] > 0:
-            fitting.append((change.gpus / estimate["tokens_per_s"], len(change.sets), change))
-    fitting.sort(key=lambda item: (item[0], item[1]))
-    ranked = [change for *_, change in fitting]
+            may_fit.append((change.gpus / estimate["tokens_per_s"], len(change.sets), index, change))
+    may_fit.sort(key=lambda item: (item[0], item[1]))
     unknown = [change for *_, change in sorted(unknown, key=lambda item: item[:2])]
     keep = max(verify - len(unknown), verify - 1 if unknown else verify, 0)
-    return (ranked[:keep] + unknown)[:verify]
+    ranked = 0
+    for *_, index, change in may_fit:
+        if ranked >= keep:
+            break
+        if estimate_reports([scenarios[index]], errors="return", caches=caches)[0]["fits"]:
+            ranked += 1
+            yield change
+    yield from unknown[:verify - ranked]
 
 
 def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[str], original: dict, *,
@@ -312,13 +333,23 @@ def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[s
     """
     if original.get("fits", True) or verify < 1:
         return []
-    source = os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
+    return _entries(*_simulated(_source(scenario), overrides, verify, executor or _InProcess()), original)
+
+
+def _source(scenario: Scenario | str | os.PathLike) -> str:
+    return os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
+
+
+def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> tuple[int, list[tuple[Change, dict]]]:
+    """What what_would_fit simulates, round by round until a candidate fits: (the job's GPUs, [(change, report)]).
+    The executor is handed the candidates as they are chosen (a forking one starts each at once)."""
+    from simulator.api import check_scenario
+
     document = read_scenario_document(source)
     base = scenario_from_dict(document, source, list(overrides))
     gpus = base.parallel.dp * base.parallel.tp * base.parallel.pp
     singles = single_changes(base, gpus)
-    executor = executor or _InProcess()
-    verified: list[dict] = []
+    simulated: list[tuple[Change, dict]] = []
     valid_singles: list[Change] = []
     for size in range(1, MAX_COMBINED + 1):
         pool = singles if size == 1 else _combine(valid_singles, size)
@@ -326,20 +357,117 @@ def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[s
         for change in pool:
             try:
                 candidate = scenario_from_dict(document, source, [*overrides, *change.sets])
-                from simulator.api import check_scenario
-
                 check_scenario(candidate)
             except MemsimError:
                 continue               # a change this scenario cannot take (the run would refuse it)
             candidates.append((change, candidate))
         if size == 1:
             valid_singles = [change for change, _ in candidates]
-        chosen = _chosen(candidates, verify) if candidates else []
-        jobs = [(document, source, [*overrides, *change.sets, *_QUIET_RUN]) for change in chosen]
-        for change, outcome in zip(chosen, executor.map(_simulate, jobs)):
+        chosen: list[Change] = []
+        choice = _choose(candidates, verify) if candidates else iter(())
+        outcomes = executor.map(_simulate, _jobs(choice, chosen, document, source, overrides))
+        for change, outcome in zip(chosen, outcomes):
             if isinstance(outcome, dict):
-                verified.append(_entry(change, outcome, original, gpus))
-        if any(entry["fits"] for entry in verified):
+                simulated.append((change, outcome))
+        if any(report["fits"] for _, report in simulated):
             break
+    return gpus, simulated
+
+
+def _jobs(choice: Iterator[Change], chosen: list[Change], document: dict, source: str,
+          overrides: Sequence[str]) -> Iterator[tuple[dict, str, list[str]]]:
+    """_simulate's job for each candidate as it is chosen (listed in `chosen`)."""
+    for change in choice:
+        chosen.append(change)
+        yield document, source, [*overrides, *change.sets, *_QUIET_RUN]
+
+
+def _entries(gpus: int, simulated: list[tuple[Change, dict]], original: dict) -> list[dict]:
+    verified = [_entry(change, report, original, gpus) for change, report in simulated]
     verified.sort(key=lambda e: (not e["fits"], e["gpu_time_ratio"], e["iteration_time_s"], e["label"]))
     return verified
+
+
+MAX_SIDE_BY_SIDE = 4           # candidate simulations at once (each holds its own simulation's memory)
+
+
+class _Forking:
+    """Simulates the candidates of a round side by side (simulator/forked.py): one process per core and one more,
+    as the run's own process only waits meanwhile (3 candidates on 2 cores: 1.5 simulations' time, not 2)."""
+
+    def map(self, fn: Callable, items: Iterable) -> list:
+        from simulator.forked import cores, fork_map
+
+        return fork_map(fn, items, min(cores() + 1, MAX_SIDE_BY_SIDE))
+
+
+def _speculate(source: str, overrides: Sequence[str], verify: int):
+    """In a process of its own, before the job's own run says whether it fits: None where the estimate says it fits
+    by peak allocated (then it most likely does, and there is nothing to prepare), else what what_would_fit
+    simulates."""
+    from simulator.explore.estimate import estimate_reports
+
+    base = scenario_from_dict(read_scenario_document(source), source, list(overrides))
+    estimate = estimate_reports([base], errors="return", replay=False)[0]
+    if isinstance(estimate, MemsimError) or estimate["fits"]:
+        return None
+    return _simulated(source, overrides, verify, _Forking())
+
+
+class PendingAdvice:
+    """what_would_fit started in a forked process (simulator/forked.py) while the job's own simulation runs, for a
+    command-line run: the same list, sooner, on a machine with a free core.
+
+        pending = PendingAdvice(path, overrides, verify)      # before simulating the job
+        try:
+            report = simulate(...).report
+            advice = pending.result(report)                   # what what_would_fit(path, overrides, report) gives
+        finally:
+            pending.cancel()
+
+    The helper first estimates the job: where the estimate says it fits, the helper stops (a fitting job costs the
+    other core that estimate and its imports) and `result` computes the list here if the run says otherwise. Where forking is not
+    safe or no core is idle (simulator/forked.py spare_core), `result` computes it here.
+    """
+
+    def __init__(self, scenario: Scenario | str | os.PathLike, overrides: Sequence[str], verify: int = DEFAULT_VERIFY,
+                 helper: bool | None = None):
+        """`helper`: whether to fork the helper (None: where forking is safe and a core is idle, simulator/forked.py
+        spare_core; True: where forking is safe)."""
+        from simulator.forked import Forked, fork_safe, spare_core
+
+        self._args = (_source(scenario), list(overrides), verify)
+        wanted = verify >= 1 and (spare_core() if helper is None else helper and fork_safe())
+        self._job = None
+        if wanted:
+            # What both processes run on is imported once, before the fork (the run's process needs it anyway);
+            # the helper imports the estimate's own modules.
+            import numpy  # noqa: F401
+
+            import simulator.api  # noqa: F401
+
+            self._job = Forked(_speculate, *self._args, own_group=True)
+
+    def result(self, original: dict) -> list[dict]:
+        """what_would_fit(scenario, overrides, original, verify=verify), from the helper's work where it did it."""
+        from simulator.forked import Unanswered
+
+        if original.get("fits", True) or self._args[2] < 1:
+            self.cancel()
+            return []
+        simulated = None
+        if self._job is not None:
+            try:
+                simulated = self._job.result()
+            except Unanswered:
+                pass                     # computed here: an error it met is raised here, as without the helper
+            self._job = None
+        if simulated is None:
+            simulated = _simulated(*self._args, _Forking())
+        return _entries(*simulated, original)
+
+    def cancel(self) -> None:
+        """Stop the helper (and the simulations it forked) if it still runs."""
+        if self._job is not None:
+            self._job.cancel()
+            self._job = None

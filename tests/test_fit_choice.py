@@ -1,0 +1,64 @@
+"""What would fit: the candidates chosen for simulation with the allocator replay run lazily (cheapest first, until
+enough fit) are those a replay of every candidate chooses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.api import check_scenario
+from simulator.errors import MemsimError
+from simulator.explore.estimate import estimate_reports
+from simulator.explore.fit import _chosen, _estimable, single_changes
+from simulator.scenario import load_scenario
+from simulator.scenario.loader import read_scenario_document, scenario_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _candidates(path: Path, sets: list[str]):
+    base = load_scenario(path, sets)
+    document = read_scenario_document(str(path))
+    out = []
+    for change in single_changes(base, 1):
+        try:
+            candidate = scenario_from_dict(document, str(path), [*sets, *change.sets])
+            check_scenario(candidate)
+        except MemsimError:
+            continue
+        out.append((change, candidate))
+    return out
+
+
+def _chosen_replaying_all(candidates, verify: int, estimates: list) -> list:
+    """The rule as it reads: every candidate estimated with the replay, then ranked."""
+    fitting, unknown = [], []
+    for index, ((change, _), estimate) in enumerate(zip(candidates, estimates)):
+        if isinstance(estimate, MemsimError):
+            unknown.append((float("inf"), index, change))
+        elif not _estimable(estimate):
+            unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
+        elif estimate["fits"] and estimate["tokens_per_s"] > 0:
+            fitting.append((change.gpus / estimate["tokens_per_s"], len(change.sets), change))
+    fitting.sort(key=lambda item: (item[0], item[1]))
+    ranked = [change for *_, change in fitting]
+    unknown = [change for *_, change in sorted(unknown, key=lambda item: item[:2])]
+    keep = max(verify - len(unknown), verify - 1 if unknown else verify, 0)
+    return (ranked[:keep] + unknown)[:verify]
+
+
+@pytest.mark.parametrize("path, sets, verifies", [
+    # at sequence 3,584 8-bit Adam fits by peak allocated but not by peak reserved: the replay rejects it
+    (REPO / "scenarios" / "showcase.toml", ["model.seq_length=3584"], (1, 3, 99)),
+    # offload candidates the estimate cannot judge (one of them is always kept)
+    (REPO / "scenarios" / "seeds" / "llama7b-adamw-4090.toml", [], (3,)),
+])
+def test_lazy_replay_chooses_what_replaying_every_candidate_chooses(path, sets, verifies):
+    candidates = _candidates(path, sets)
+    estimates = estimate_reports([scenario for _, scenario in candidates], errors="return")
+    allocated = estimate_reports([scenario for _, scenario in candidates], errors="return", replay=False)
+    assert any(not isinstance(a, MemsimError) and a["fits"] and not r["fits"]
+               for a, r in zip(allocated, estimates)) or path.name != "showcase.toml"
+    for verify in verifies:
+        assert _chosen(candidates, verify) == _chosen_replaying_all(candidates, verify, estimates), verify
