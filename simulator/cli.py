@@ -159,6 +159,10 @@ def main() -> None:
     except MemsimError as error:  # defensive: any command that lets one escape
         sys.stderr.write(f"memsim: error: {error}\n")
         code = 2
+    finally:
+        from simulator.io import remove_temporaries
+
+        remove_temporaries()     # what a signal landing before its clean-up left (simulator/io.py)
     if isinstance(code, str):
         sys.stderr.write(code + "\n")
         code = 1

@@ -4,16 +4,54 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
+
+# Temporaries (files and staging folders) this process has made and not yet moved into place or removed. A signal
+# can land between the call that makes one and the `try` that would remove it; `remove_temporaries` (the CLI calls
+# it on its way out) removes what such a signal left.
+_TEMPORARIES: set[str] = set()
+_HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+def _made(create):
+    """`create()`'s path, registered as a temporary with SIGINT and SIGTERM held meanwhile (so that none lands
+    between the two)."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    previous = mask(signal.SIG_BLOCK, _HELD) if mask else None
+    try:
+        made = create()
+        _TEMPORARIES.add(made[1] if isinstance(made, tuple) else made)
+        return made
+    finally:
+        if mask:
+            mask(signal.SIG_SETMASK, previous)
+
+
+def _settled(path: str | os.PathLike) -> None:
+    _TEMPORARIES.discard(os.fspath(path))
+
+
+def remove_temporaries() -> None:
+    """Remove every temporary this process made and left (after a signal that landed before its clean-up)."""
+    for path in sorted(_TEMPORARIES):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        _TEMPORARIES.discard(path)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that readers see either the old file or the whole new one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = _made(lambda: tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -27,6 +65,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+    finally:
+        _settled(tmp)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -51,7 +91,8 @@ class OutputSet:
     def __init__(self, target: str | os.PathLike):
         self.target = Path(os.path.abspath(target))
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp", dir=self.target.parent))
+        self.staging = Path(_made(lambda: tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp",
+                                                           dir=self.target.parent)))
         os.chmod(self.staging, 0o755)     # mkdtemp creates 0700; outputs are meant to be shared
         self.names: list[str] = []
 
@@ -75,6 +116,7 @@ class OutputSet:
 
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        _settled(self.staging)
 
     def commit(self) -> None:
         """Swap the staging folder into place and remove the old set."""
@@ -82,14 +124,16 @@ class OutputSet:
             if self.target.is_dir():
                 self._keep_others()
                 if _exchange(self.staging, self.target):
-                    shutil.rmtree(self.staging, ignore_errors=True)      # now the old set
+                    self.discard()                                     # now the old set
                     return
                 aside = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".old", dir=self.target.parent))
                 os.rename(self.target, aside / "set")
                 os.rename(self.staging, self.target)
+                _settled(self.staging)
                 shutil.rmtree(aside, ignore_errors=True)
                 return
             os.rename(self.staging, self.target)
+            _settled(self.staging)
         except BaseException:
             self.discard()
             raise

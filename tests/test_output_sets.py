@@ -114,3 +114,32 @@ def test_a_signal_while_writing_leaves_a_whole_set_and_no_temporaries(tmp_path, 
         assert all((out / name).stat().st_size > 100 for name in SET)
     else:
         assert process.returncode == 130 and _contents(out) == {"old"}
+
+
+def test_a_signal_right_after_the_staging_folder_is_made_leaves_nothing_once_the_cli_cleans_up(tmp_path, monkeypatch):
+    """The window the SIGTERM test once hit under load: the staging folder exists, OutputSet's constructor has not
+    returned (no `with` to remove it yet). The folder is registered as it is made; the CLI's exit removes it."""
+    import simulator.io as io
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "out"
+    _write_set(out, "old")
+    monkeypatch.setattr(io.os, "chmod", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        OutputSet(out)
+    monkeypatch.undo()
+    assert _leftovers(tmp_path) != []
+    io.remove_temporaries()
+    assert _leftovers(tmp_path) == [] and _contents(out) == {"old"}
+
+
+def test_temporaries_moved_into_place_are_not_removed_at_exit(tmp_path):
+    import simulator.io as io
+
+    out = tmp_path / "out"
+    _write_set(out, "new")
+    io.atomic_write_text(tmp_path / "f.txt", "kept")
+    io.remove_temporaries()
+    assert _contents(out) == {"new"} and (tmp_path / "f.txt").read_text() == "kept" and not io._TEMPORARIES
