@@ -80,7 +80,8 @@ def _plans(draw) -> dict:
     return doc
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(_plans())
 def test_random_plans_on_and_off(monkeypatch, doc):
     fast = _everything(api.simulate(scenario_from_dict(doc)))

@@ -7,7 +7,8 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from simulator.engine.stretches import _picker, _runs_match
+from simulator.engine.stretch_record import picker as _picker
+from simulator.engine.stretches import _runs_match
 from simulator.engine.timelines import SpanColumns
 from simulator.parallel.program import Collective, Recv, Run, Send, Signal
 from simulator.report.metrics import span_sums

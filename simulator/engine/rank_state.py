@@ -109,12 +109,12 @@ class RankState:
         self.wait_stream = dict(zip(waiting, map(_first, waiting.values())))    # events with one WaitFor -> stream
         for event in shared:
             del self.wait_stream[event]
-        # Inline candidates (see _inline): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
+        # Inline candidates (see engine/inline.py): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
         self.inline_plans: dict[str, tuple[str, int]] = {}
-        # Overlapped inline candidates (executor._overlap): compute Signal(r) at i -> (S, k, j - i) with S[k:k+3] =
-        # WaitFor(r), a Collective that allocates and frees nothing, Signal(d), and compute[j] = WaitFor(d) after
-        # only runs (the collective runs beside them, as Megatron's overlapped TP backward posts it).
+        # Overlapped inline candidates (engine/inline.py, `overlap`): compute Signal(r) at i -> (S, k, j - i) with
+        # S[k:k+3] = WaitFor(r), a Collective that allocates and frees nothing, Signal(d), and compute[j] = WaitFor(d)
+        # after only runs (the collective runs beside them, as Megatron's overlapped TP backward posts it).
         self.overlap_plans: dict[str, tuple[str, int, int, Collective]] = {}   # (S, k, j - i, S[k + 1])
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
@@ -164,7 +164,7 @@ class RankState:
             if not overlapped or after is None or collective.allocs or collective.frees \
                     or joined[0] != COMPUTE_STREAM:
                 continue
-            # The collective runs beside the runs up to compute's WaitFor(done): executor._overlap. (Its stream's next
+            # The collective runs beside the runs up to compute's WaitFor(done): inline.overlap. (Its stream's next
             # ready is signalled by the compute stream only, after i: never before the compute stream gets there.)
             j = joined[1]
             if i + 1 < j <= i + MAX_OVERLAPPED_RUNS + 1 and signal_at.get(after.event, -1) > j:
@@ -175,7 +175,7 @@ class RankState:
                     overlaps[ready] = (name, k, j - i, collective)
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
-        """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (executor._inline):
+        """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (inline.inline):
         blocked at name[k] = WaitFor(ready), or parked by an earlier inline with its cursor at k, and its wait
         after the collective not signalled yet (else it would go on at once)."""
         cursor = self.cursor.get(name)

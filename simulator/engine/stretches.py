@@ -1,33 +1,33 @@
 """Replay of the compute stream's repeated stretches: a micro-batch copy's runs and inlined collectives, applied in
 bulk from a record of an earlier copy's.
 
-The executor runs a stretch (consecutive runs and inlined collectives, nothing that can make the compute stream
-yield: executor._run_stretch) instruction by instruction. In a pipeline's steady state each micro-batch copy's
-forward and backward run the same stretches: the same template ops (workload/stage.py), the same durations,
-collectives of the same kind, group, size and name. What such a stretch does then depends on nothing but its start
-time and where its instructions stand: spans, communication intervals, the inlined streams' cursors, and the
-memory calls it logs (engine/memory_log.py: words naming its instructions, with times). So the first time a
-stretch starting with a given op runs, its effects are predicted from its instructions and compared with what the
-executor really did; when equal, they are kept as a `StretchRecord`. A later stretch with the same first op whose
-instructions match the record one by one (ops by identity, durations, shifts, iterations, collectives' kind,
-group, size, name, iteration and stream positions) is applied from the record: its times are the start time plus
-the durations accumulated in the same order (so the same floats), its memory words the record's moved to where
-its instructions stand, everything else copied. Results are identical to running it (tests/test_stretches.py
-compares them).
+The executor runs a stretch (consecutive runs, Allocs and Frees, inlined and overlapped collectives:
+engine/inline.py; nothing that can make the compute stream yield: executor._run_stretch) instruction by
+instruction. In a pipeline's steady state each micro-batch copy's forward and backward run the same stretches: the
+same template ops (workload/stage.py), the same durations, collectives of the same kind, group, size and name. What
+such a stretch does then depends on nothing but its start time and where its instructions stand: spans,
+communication intervals, the inlined streams' cursors, and the memory calls it logs (engine/memory_log.py: words
+naming its instructions, with times). So the first time a stretch starting with a given op runs, its effects are
+predicted from its instructions and compared with what the executor really did; when equal, they are kept as a
+`StretchRecord` (engine/stretch_record.py). A later stretch with the same first op whose instructions match the
+record one by one (ops by identity, durations, shifts, iterations, collectives' kind, group, size, name, iteration
+and stream positions) is applied from the record: its times are computed from the start time by the same float
+operations in the same order, its memory words the record's moved to where its instructions stand, everything else
+copied. Results are identical to running it (tests/test_stretches.py compares them).
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from dataclasses import dataclass, field
-from itertools import accumulate, islice, repeat
-from operator import add, attrgetter, is_, itemgetter, sub
+from itertools import repeat
+from operator import attrgetter, is_, sub
 from typing import TYPE_CHECKING
 
-from simulator.engine.logs import IntervalLog, doubles, packer, phase_array, positive, span_columns
-from simulator.engine.memory_log import ALLOC, COLL_ALLOC, COLL_FREE, FREE, RUN_ALLOC, RUN_FREE, stretch_word, where
+from simulator.engine.logs import IntervalLog, doubles, positive
+from simulator.engine.memory_log import ALLOC, COLL_ALLOC, COLL_FREE, FREE, RUN_ALLOC, RUN_FREE, where
 from simulator.engine.rank_state import COMPUTE_STREAM
+from simulator.engine.stretch_record import ADD, BLOCK, BLOCK1, StretchRecord
 from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal
 
 if TYPE_CHECKING:
@@ -37,178 +37,6 @@ if TYPE_CHECKING:
 _EVENT = attrgetter("event")
 MIN_LENGTH = 8                # shorter stretches are not worth a record
 MAX_RECORDS = 4               # records (and failed attempts) per first op
-
-
-@dataclass(slots=True)
-class StretchRecord:
-    """What one stretch did, relative to its start time, and what a later one must match to be replayed.
-
-    Its times are points computed from the start time by `program` (see `times`): a run or a collective the compute
-    stream waits for adds its duration to the clock; an overlapped collective (executor._overlap) starts at the
-    clock and ends its duration later (a point beside the clock), its runs add theirs, and the WaitFor after them
-    moves the clock to the later of the two. Every span, interval and memory call's time is one of these points."""
-
-    length: int                       # instructions consumed
-    runs: tuple                       # (position in the stretch, op, duration, iteration, low) of each run
-    inlines: tuple                    # (position, stream, k - first k of that stream or None for a Blocking
-                                      # instruction, the recorded collective, its memory tensors)
-    overlaps: tuple                   # (position, stream, k - first k, instructions to the WaitFor, collective) of
-                                      # each overlapped collective
-    others: tuple                     # (position, type) of each Alloc and Free
-    program: tuple                    # (ADD, durations) / (BLOCK, (collective's duration, its runs' durations))
-    span_runs: tuple                  # per run: the recorded Run, a span's info (only its op and iteration are read)
-    span_points: tuple                # per run: (start point, end point)
-    comm: tuple                       # per collective, in the executor's order: (stream, start, end point, info)
-    exposures: tuple                  # per wait on a collective, in the executor's order: (start, end point)
-    sample_steps: tuple               # per memory call: the point of its time
-    memory_words: tuple               # per memory call: its log word, relative to where its stream's part starts
-    memory_bases: tuple               # per memory call: that stream (the compute stream, or an inlined one)
-    pieces: tuple                     # (first call, calls) of each part of the calls between Allocs and Frees,
-                                      # (call, -1) for an Alloc's or a Free's
-    streams: tuple                    # inlined streams, in order of first use
-    isolated: int                     # network counters added
-    dropped: int
-    number: int                       # the record's first number in its rank (the memory log's STRETCH words name
-                                      # number + i before piece i's calls)
-    copy: tuple | None                # (template, offset, iteration, low, blocking) of the micro-batch copy it lay
-                                      # in (Program.copies), or None
-    # derived in __post_init__, to apply and match the record at C speed
-    run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
-                                               # iterations, lows)
-    other_columns: tuple = field(init=False)   # (picker of the Allocs and Frees, their types)
-    span_times: tuple = field(init=False)      # pickers of the runs' start and end times from the stretch's times
-    sample_times: object = field(init=False)   # picker of the memory calls' times
-    span_phases: array = field(init=False)     # the runs' phase codes (engine/logs.py)
-    span_pack: object = field(init=False)      # packs the runs' start (end) times as doubles
-    comm_streams: tuple = field(init=False)    # per inlined stream: (name, start and end time pickers, infos,
-                                               # phase codes, packer of its times)
-    comm_times: tuple = field(init=False)      # pickers of every collective's start and end times, in order
-    exposure_times: tuple = field(init=False)  # pickers of the exposures' start and end times
-    cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of each collective after a Signal, in order
-    signal_inlines: tuple = field(init=False)  # the inlines after a Signal (not Blocking instructions)
-    durations: tuple | None = field(init=False)   # the program's durations when it only adds (no overlap)
-    final: int = field(init=False)             # the point of the clock at the end
-    logged: tuple = field(init=False)          # (words, bases, sample picker) as the memory log gets them: each
-                                               # piece after its STRETCH word (base "", time the shift: point -1)
-    columns: tuple = field(init=False)         # numpy arrays to apply it: (logged words, their bases' numbers,
-                                               # bases' streams, sample points, span start and end points)
-    probe: tuple = field(init=False)           # (position, op) of its last run: a cheap first test of a match
-    overlap_columns: tuple | None = field(init=False)   # its overlaps, to match them at C speed when they are all
-                                                        # on one stream that no Signal inline uses (_overlaps_match)
-
-    def __post_init__(self) -> None:
-        positions, ops, durations, iterations, lows = zip(*self.runs)
-        self.run_columns = (_picker(positions), ops, durations, iterations, lows)
-        self.other_columns = (_picker([position for position, _ in self.others]),
-                              tuple(kind for _, kind in self.others))
-        self.span_times = (_picker([a for a, _ in self.span_points]), _picker([b for _, b in self.span_points]))
-        self.span_phases = phase_array(self.span_runs)
-        self.span_pack = packer(len(self.span_runs))
-        self.sample_times = _picker(self.sample_steps)
-        groups: dict[str, list] = {}
-        for name, start, end, info in self.comm:
-            groups.setdefault(name, []).append((start, end, info))
-        self.comm_streams = tuple((name, _picker([a for a, _, _ in mine]), _picker([b for _, b, _ in mine]),
-                                   tuple(info for _, _, info in mine), phase_array(info for _, _, info in mine),
-                                   packer(len(mine))) for name, mine in groups.items())
-        self.comm_times = (_picker([a for _, a, _, _ in self.comm]), _picker([b for _, _, b, _ in self.comm]))
-        self.exposure_times = (_picker([a for a, _ in self.exposures]), _picker([b for _, b in self.exposures]))
-        self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None) \
-            + tuple((name, dk + 3) for _, name, dk, _, _ in self.overlaps)
-        self.signal_inlines = tuple(inline for inline in self.inlines if inline[2] is not None)
-        self.durations = self.program[0][1] if len(self.program) == 1 else None
-        points, clock = 1, 0
-        for i, (code, value) in enumerate(self.program):
-            points += len(value) + (1 if i else 0) if code is ADD else len(value[1]) + 3
-        self.final = points - 1
-        words, bases, steps = [], [], []
-        piece = 0
-        for first, calls in self.pieces:
-            if calls < 0:                        # an Alloc or Free: made one by one
-                words.append(self.memory_words[first])
-                bases.append(self.memory_bases[first])
-                steps.append(self.sample_steps[first])
-                continue
-            words.append(stretch_word(self.number + piece, calls))
-            piece += 1
-            bases.append("")
-            steps.append(-1)
-            words += self.memory_words[first:first + calls]
-            bases += self.memory_bases[first:first + calls]
-            steps += self.sample_steps[first:first + calls]
-        self.logged = (tuple(words), tuple(bases), _picker(steps))
-        import numpy as np      # (here: a run without a stretch record does not need it in the engine)
-        names = list(dict.fromkeys(bases))
-        self.columns = (np.array(words, dtype=np.int64), np.array([names.index(b) for b in bases], dtype=np.intp),
-                        tuple(names), np.array(steps, dtype=np.intp),
-                        np.array([a for a, _ in self.span_points], dtype=np.intp),
-                        np.array([b for _, b in self.span_points], dtype=np.intp))
-        self.probe = (self.runs[-1][0], self.runs[-1][1])
-        names = {name for _, name, *_ in self.overlaps}
-        self.overlap_columns = None
-        if len(names) == 1 and not any(inline[1] in names for inline in self.signal_inlines):
-            positions, _, dks, gaps, collectives = zip(*self.overlaps)
-            self.overlap_columns = (_picker(positions), names.pop(), dks, gaps, collectives)
-
-    def times(self, start_s: float) -> list[float]:
-        """The stretch's points started at `start_s`: the same float operations as the executor's, in order."""
-        if self.durations is not None:
-            return list(accumulate(self.durations, initial=start_s))
-        program = self.program
-        if program[0][0] is ADD:
-            points = list(accumulate(program[0][1], initial=start_s))
-            program = program[1:]
-        else:
-            points = [start_s]
-        clock = fork = points[-1]
-        extend, append = points.extend, points.append
-        for code, value in program:
-            if code is ADD:
-                extend(accumulate(value, initial=clock))      # (the clock again first: a point of its own)
-                clock = points[-1]
-            else:                                               # an overlapped collective beside runs
-                duration, runs = value
-                fork = clock + duration
-                append(fork)
-                extend(accumulate(runs, initial=clock))
-                clock = max(points[-1], fork)
-                append(clock)
-        return points
-
-    def run_spans(self, times: list[float]) -> tuple:
-        """The compute stream's spans of this stretch started at times[0], as SpanLog.since gives them."""
-        starts, ends = self.span_times
-        return span_columns(self.span_runs, starts(times), ends(times), self.span_phases)
-
-    def comm_spans(self, times: list[float], stream: str) -> tuple:
-        """Stream `stream`'s spans of this stretch's inlined collectives, as SpanLog.since gives them."""
-        for name, starts, ends, infos, phases, _ in self.comm_streams:
-            if name == stream:
-                return span_columns(infos, starts(times), ends(times), phases)
-        return span_columns((), (), (), array("H"))
-
-    def words(self, index: int, starts: dict[str, int], logged: bool = False) -> map:
-        """The memory words of this stretch started at `index`, its inlined streams' parts at `starts` (`logged`:
-        with the STRETCH words before its pieces, as _apply logs them)."""
-        bases = {name: k << 12 for name, k in starts.items()}
-        bases[COMPUTE_STREAM] = index << 12
-        if not logged:
-            return map(add, self.memory_words, map(bases.__getitem__, self.memory_bases))
-        bases[""] = 0
-        words, names, _ = self.logged
-        return map(add, words, map(bases.__getitem__, names))
-
-
-ADD, BLOCK = 0, 1     # StretchRecord.program's steps
-
-
-def _picker(indices) -> itemgetter:
-    """A function of a sequence giving the tuple of its items at `indices` (itemgetter, also for 0 or 1 index)."""
-    if len(indices) > 1:
-        return itemgetter(*indices)
-    if indices:
-        return itemgetter(slice(indices[0], indices[0] + 1 or None))    # a one-item tuple of a tuple, a list of a list
-    return itemgetter(slice(0, 0))
 
 
 def _intervals(times: list[float], pairs) -> tuple[array, array]:
@@ -303,7 +131,7 @@ class Stretches:
             if k + 3 >= len(other):
                 return None                      # the stream would be released at the end: not recorded
             if k == first_k and not state.can_inline(name, k, signal.event):
-                return None                      # where the stream must stand, as _inline checks
+                return None                      # where the stream must stand, as inline.inline checks
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
                 return None
@@ -334,7 +162,7 @@ class Stretches:
                     return None
                 transfers = state.stream_transfers.get(name)
                 if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
-                    return None                  # _expose would find more of that stream than the record did
+                    return None                  # inline.expose would find more of that stream than the record did
         if (record.inlines or record.overlaps) and network is None:
             return None
         return starts
@@ -534,7 +362,7 @@ class Stretches:
                     if type(instructions[inner]) is not Run or not run_step(instructions[inner], inner):
                         return None
                 block = False
-                program.append((BLOCK, (duration, tuple(adds))))
+                program.append((BLOCK1, (duration, adds[0])) if len(adds) == 1 else (BLOCK, (duration, tuple(adds))))
                 adds.clear()
                 exposures.append((clock, points))
                 clock = points

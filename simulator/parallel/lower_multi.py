@@ -657,10 +657,6 @@ def build_stage_workloads(shape: Shape, recipe: Recipe, profile: KernelProfile, 
     return result
 
 
-def _tag(kind: str, stage: int, microbatch: int, iteration: int) -> str:
-    return f"{kind}:{stage}:{microbatch}:{iteration}"
-
-
 def lower_stage_rank(plan: ParallelPlan, schedule: Schedule, stage: int,
                      workloads: dict[tuple[int, int], StageWorkload], device: DeviceSpec,
                      warmup_iterations: int, iterations: int, dp: int = 0, tp: int = 0,
@@ -811,6 +807,9 @@ def _copy_region(workload: StageWorkload) -> tuple[int, int]:
     return first.low, first.low + span * (len(workload.microbatches) - template)
 
 
+_SEND_STREAMS = {kind: f"{SEND_STREAM}.{kind}" for kind in ("activation", "gradient")}
+
+
 def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int, StageWorkload],
           schedule: Schedule, it: int) -> None:
     transfer = step.transfer
@@ -820,10 +819,11 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
         peer = streams.peers[step.peer] = plan.rank_of(dp=coords.dp, pp=step.peer, tp=coords.tp)
     producer = transfer.producer
     kind = transfer.kind
-    tag = _tag(kind, producer.stage, producer.microbatch, it)
+    tag = f"{kind}:{producer.stage}:{producer.microbatch}:{it}"     # the message's tag (both ends)
     # Both ends carry the same name, which is how the Chrome trace pairs them into a flow arrow.
     name = f"{kind} from stage {producer.stage} microbatch {producer.microbatch}"
     compute = streams.compute
+    count = streams.count
     if step.op == "send":
         mb = mine[producer.chunk if producer.chunk is not None else _chunk_of(streams, schedule, producer.stage)] \
             .microbatches[producer.microbatch]
@@ -831,31 +831,40 @@ def _comm(streams: _Streams, step: CommStep, plan: ParallelPlan, mine: dict[int,
             size, sent = mb.output_bytes, mb.sent_output
         else:
             size, sent = mb.input_grad_bytes, mb.input_grad
-        ready = streams.event(f"send.{tag}")
+        ready = f"send.{tag}#{count + 1}"                                # streams.event(...)
         compute.append(signal(ready))
         stream: list[Instruction] = [wait_for(ready), send(name, peer, float(size), tag, it)]
-        streams.stream(f"{SEND_STREAM}.{kind}")            # created in program order, filled by post_sends
-        sends = streams.sends.setdefault(f"{SEND_STREAM}.{kind}", [])
-        sends.append((streams.consumer_position[transfer.consumer.key], len(sends), stream))
+        stream_name = _SEND_STREAMS.get(kind) or f"{SEND_STREAM}.{kind}"
+        streams.stream(stream_name)                        # created in program order, filled by post_sends
+        sends = streams.sends.get(stream_name)
+        if sends is None:
+            sends = streams.sends[stream_name] = []
+        consumer = transfer.consumer
+        sends.append((streams.consumer_position[(consumer.stage, consumer.kind, consumer.microbatch)], len(sends),
+                      stream))
         if sent is not None:
             # The runtime holds the tensor until its send has completed (the request keeps it alive).
             stream.append(free((sent,), f"{kind} sent"))
-        if not streams.overlap.overlap_p2p_comm:
-            # A blocking send: the stage's next action waits for it (after the recvs posted for that action, as
-            # Megatron's batched send_forward_recv_backward waits for both).
-            done = streams.event(f"sent.{tag}")
-            stream.append(signal(done))
-            streams.unsent.append(done)
+        if streams.overlap.overlap_p2p_comm:
+            streams.count = count + 1
+            return
+        # A blocking send: the stage's next action waits for it (after the recvs posted for that action, as
+        # Megatron's batched send_forward_recv_backward waits for both).
+        done = f"sent.{tag}#{count + 2}"
+        streams.count = count + 2
+        stream.append(signal(done))
+        streams.unsent.append(done)
         return
     consumer = transfer.consumer
     chunk = consumer.chunk if consumer.chunk is not None else _chunk_of(streams, schedule, consumer.stage)
-    mb = mine[chunk].microbatches[consumer.microbatch]
+    workload = mine[chunk]
+    mb = workload.microbatches[consumer.microbatch]
     received = mb.stage_input if kind == "activation" else mb.grad_output
-    allocs, size = (received,), mine[chunk].tensors[received].nbytes
-    post, done = streams.event(f"post.{tag}"), streams.event(f"recv.{tag}")
+    post, done = f"post.{tag}#{count + 1}", f"recv.{tag}#{count + 2}"
+    streams.count = count + 2
     compute.append(signal(post))
-    streams.stream(RECV_STREAM).extend([wait_for(post), recv(name, peer, float(size), tag, allocs, it),
-                                        signal(done)])
+    streams.stream(RECV_STREAM).extend([wait_for(post), recv(name, peer, float(workload.tensors[received].nbytes),
+                                                             tag, (received,), it), signal(done)])
     compute.append(wait_for(done))
 
 

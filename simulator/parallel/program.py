@@ -275,14 +275,6 @@ class _RecvSlots:
     __slots__ = Recv.__slots__
 
 
-class _AllocSlots:
-    __slots__ = Alloc.__slots__
-
-
-class _FreeSlots:
-    __slots__ = Free.__slots__
-
-
 _CHECKED_MESSAGES: set[tuple[int, float]] = set()    # (peer, size_bytes) a Send or Recv constructor validated
 
 
@@ -296,49 +288,49 @@ def _check_message(kind: type, name: str, peer: int, size_bytes: float) -> None:
         _CHECKED_MESSAGES.add((peer, size_bytes))
 
 
-def send(name: str, peer: int, size_bytes: float, tag: str, iteration: int) -> Send:
-    """Send(name, peer, size_bytes, tag, iteration), built fast (as checked_collective; validated as Send is)."""
-    _check_message(Send, name, peer, size_bytes)
-    instance = _SendSlots()
+def _message(kind: type, twin: type, name: str, peer: int, size_bytes: float, tag: str, iteration: int):
+    """A `twin` (kind's slot layout) with a Send's or Recv's common fields, validated as kind(...) is."""
+    _check_message(kind, name, peer, size_bytes)
+    instance = twin()
     instance.name = name
     instance.peer = peer
     instance.size_bytes = size_bytes
     instance.tag = tag
     instance.iteration = iteration
+    return instance
+
+
+def send(name: str, peer: int, size_bytes: float, tag: str, iteration: int) -> Send:
+    """Send(name, peer, size_bytes, tag, iteration), built fast (as checked_collective; validated as Send is)."""
+    instance = _message(Send, _SendSlots, name, peer, size_bytes, tag, iteration)
     instance.__class__ = Send
     return instance
 
 
 def recv(name: str, peer: int, size_bytes: float, tag: str, allocs: tuple[int, ...], iteration: int) -> Recv:
     """Recv(name, peer, size_bytes, tag, allocs, iteration), built fast (validated as Recv is)."""
-    _check_message(Recv, name, peer, size_bytes)
-    instance = _RecvSlots()
-    instance.name = name
-    instance.peer = peer
-    instance.size_bytes = size_bytes
-    instance.tag = tag
+    instance = _message(Recv, _RecvSlots, name, peer, size_bytes, tag, iteration)
     instance.allocs = allocs
-    instance.iteration = iteration
     instance.__class__ = Recv
     return instance
 
 
-def alloc(tensors: tuple[int, ...], reason: str) -> Alloc:
-    """Alloc(tensors, reason), built fast."""
-    instance = _AllocSlots()
-    instance.tensors = tensors
-    instance.reason = reason
-    instance.__class__ = Alloc
-    return instance
+def _memory_call(kind: type):
+    """kind(tensors, reason) built fast, for Alloc and Free (no validation to skip: as their constructors)."""
+    twin = type(f"_{kind.__name__}Slots", (), {"__slots__": kind.__slots__})
+
+    def make(tensors: tuple[int, ...], reason: str):
+        instance = twin()
+        instance.tensors = tensors
+        instance.reason = reason
+        instance.__class__ = kind
+        return instance
+
+    make.__doc__ = f"{kind.__name__}(tensors, reason), built fast."
+    return make
 
 
-def free(tensors: tuple[int, ...], reason: str) -> Free:
-    """Free(tensors, reason), built fast."""
-    instance = _FreeSlots()
-    instance.tensors = tensors
-    instance.reason = reason
-    instance.__class__ = Free
-    return instance
+alloc, free = _memory_call(Alloc), _memory_call(Free)
 
 
 class Blocking(NamedTuple):
