@@ -10,7 +10,7 @@ import pytest
 from simulator.api import check_scenario
 from simulator.errors import MemsimError
 from simulator.explore.estimate import estimate_reports
-from simulator.explore.fit import _chosen, _estimable, single_changes
+from simulator.explore.fit import _chosen, _keep, _ranked, single_changes
 from simulator.scenario import load_scenario
 from simulator.scenario.loader import read_scenario_document, scenario_from_dict
 
@@ -33,19 +33,9 @@ def _candidates(path: Path, sets: list[str]):
 
 def _chosen_replaying_all(candidates, verify: int, estimates: list) -> list:
     """The rule as it reads: every candidate estimated with the replay, then ranked."""
-    fitting, unknown = [], []
-    for index, ((change, _), estimate) in enumerate(zip(candidates, estimates)):
-        if isinstance(estimate, MemsimError):
-            unknown.append((float("inf"), index, change))
-        elif not _estimable(estimate):
-            unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
-        elif estimate["fits"] and estimate["tokens_per_s"] > 0:
-            fitting.append((change.gpus / estimate["tokens_per_s"], len(change.sets), change))
-    fitting.sort(key=lambda item: (item[0], item[1]))
-    ranked = [change for *_, change in fitting]
-    unknown = [change for *_, change in sorted(unknown, key=lambda item: item[:2])]
-    keep = max(verify - len(unknown), verify - 1 if unknown else verify, 0)
-    return (ranked[:keep] + unknown)[:verify]
+    fitting, unknown = _ranked(candidates, estimates)
+    keep = _keep(verify, len(unknown))
+    return ([change for _, change in fitting][:keep] + unknown)[:verify]
 
 
 @pytest.mark.parametrize("path, sets, verifies", [

@@ -267,6 +267,29 @@ def _estimable(estimate: dict) -> bool:
                                                        for w in estimate.get("warnings", ()))
 
 
+def _ranked(candidates: Sequence[tuple[Change, Scenario]], estimates: list) -> tuple[list, list[Change]]:
+    """From the candidates' estimates: those that fit by them, cheapest first (GPU-seconds per token, then fewer
+    changes), as (index, change); and those the estimate cannot judge, least estimated activation memory first."""
+    may_fit, unknown = [], []
+    for index, ((change, _), estimate) in enumerate(zip(candidates, estimates)):
+        if isinstance(estimate, MemsimError):
+            unknown.append((float("inf"), index, change))
+        elif not _estimable(estimate):
+            # what the estimate leaves out (offload) is kept the same across these candidates; what it covers
+            # (activations, recompute, micro-batch) orders them: least activation memory first
+            unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
+        elif estimate["fits"] and estimate["tokens_per_s"] > 0:
+            may_fit.append((change.gpus / estimate["tokens_per_s"], len(change.sets), index, change))
+    may_fit.sort(key=lambda item: (item[0], item[1]))
+    unknown.sort(key=lambda item: item[:2])
+    return [(index, change) for *_, index, change in may_fit], [change for *_, change in unknown]
+
+
+def _keep(verify: int, unknown: int) -> int:
+    """How many of the candidates the estimate ranks are simulated beside `unknown` ones it cannot judge."""
+    return max(verify - unknown, verify - 1 if unknown else verify, 0)
+
+
 def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Change]:
     """The candidates to simulate, at most `verify`: the cheapest that the estimate says fit (GPU-seconds per token),
     and at least one it cannot estimate when there is one (least estimated activation memory first); those it says
@@ -289,21 +312,10 @@ def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[
     caches = Caches()
     scenarios = [scenario for _, scenario in candidates]
     estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
-    may_fit, unknown = [], []
-    for index, ((change, _), estimate) in enumerate(zip(candidates, estimates)):
-        if isinstance(estimate, MemsimError):
-            unknown.append((float("inf"), index, change))
-        elif not _estimable(estimate):
-            # what the estimate leaves out (offload) is kept the same across these candidates; what it covers
-            # (activations, recompute, micro-batch) orders them: least activation memory first
-            unknown.append((max(r["breakdown_at_peak"]["activations"] for r in estimate["ranks"]), index, change))
-        elif estimate["fits"] and estimate["tokens_per_s"] > 0:
-            may_fit.append((change.gpus / estimate["tokens_per_s"], len(change.sets), index, change))
-    may_fit.sort(key=lambda item: (item[0], item[1]))
-    unknown = [change for *_, change in sorted(unknown, key=lambda item: item[:2])]
-    keep = max(verify - len(unknown), verify - 1 if unknown else verify, 0)
+    may_fit, unknown = _ranked(candidates, estimates)
+    keep = _keep(verify, len(unknown))
     ranked = 0
-    for *_, index, change in may_fit:
+    for index, change in may_fit:
         if ranked >= keep:
             break
         if estimate_reports([scenarios[index]], errors="return", caches=caches)[0]["fits"]:
