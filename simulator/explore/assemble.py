@@ -29,7 +29,7 @@ from simulator.workload.graph import CATEGORIES
 PROFILES_KEPT = 256                    # recorded profiles, about 0.5 MB each
 CHUNKS_KEPT = 4096                     # chunk models (tens of KB each)
 SCHEDULE_ACTIONS_KEPT = 1_000_000      # actions of the built-in schedules kept (about 160 bytes each)
-STRUCTURE_NODES_KEPT = 1_000_000       # graph nodes of the structures kept (about 200 bytes each)
+STRUCTURE_NODES_KEPT = 400_000         # graph nodes of the structures kept (about 360 bytes each)
 SMALL_KEPT = 4096                      # stage inputs, rank layouts
 
 

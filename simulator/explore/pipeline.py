@@ -341,9 +341,8 @@ def _levels(preds: tuple[list[int], list[int], list[int]]) -> tuple[np.ndarray, 
 
 
 def _topological(rows: list[tuple[int, int, int]]) -> list[int]:
-    """A topological order of the nodes (Kahn's algorithm, smallest id first among the ready ones)."""
-    import heapq
-
+    """A topological order of the nodes (Kahn's algorithm; any order gives the same levels: a node's level is
+    its longest path from a node without predecessors)."""
     n = len(rows)
     waiting = [0] * n
     successors: list[list[int]] = [[] for _ in range(n)]
@@ -352,16 +351,12 @@ def _topological(rows: list[tuple[int, int, int]]) -> list[int]:
             if q >= 0:
                 waiting[node] += 1
                 successors[q].append(node)
-    ready = [node for node in range(n) if waiting[node] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        node = heapq.heappop(ready)
-        order.append(node)
+    order = [node for node in range(n) if waiting[node] == 0]
+    for node in order:                      # the list grows while it is walked
         for s in successors[node]:
             waiting[s] -= 1
             if waiting[s] == 0:
-                heapq.heappush(ready, s)
+                order.append(s)
     return order
 
 
