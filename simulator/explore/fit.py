@@ -377,7 +377,8 @@ def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> 
             valid_singles = [change for change, _ in candidates]
         chosen: list[Change] = []
         choice = _choose(candidates, verify) if candidates else iter(())
-        outcomes = executor.map(_simulate, _jobs(choice, chosen, document, source, overrides))
+        # list(): `chosen` is filled as the executor draws the jobs, so every job is drawn before pairing
+        outcomes = list(executor.map(_simulate, _jobs(choice, chosen, document, source, overrides)))
         for change, outcome in zip(chosen, outcomes):
             if isinstance(outcome, dict):
                 simulated.append((change, outcome))
