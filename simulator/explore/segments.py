@@ -5,8 +5,9 @@ A `Segment` is exact for what it keeps: running two segments one after the other
 by the sum of their deltas, and the highest level above the start is the first's excursion or the first's
 delta plus the second's excursion. A stage of L layers is its recording's ops before the layers, its first
 layer, L - 2 copies of a middle layer and its last layer, then the ops after the layers: the layers of one
-stage are the same modules, so a middle layer's ops cost, allocate and free the same (tests/test_estimate.py
-checks the extrapolation against stages recorded with every layer). Their time is the host-issue clock's over the
+stage are the same modules, so a middle layer's ops cost, allocate and free the same (no test compares the
+extrapolation with a stage recorded layer by layer; tests/test_estimate_agreement.py checks the estimates it
+gives against simulations). Their time is the host-issue clock's over the
 extrapolated op list (`Issue`, `issued`): what the GPU waits for the host that launches its kernels grows with the
 layers, so it is not a recorded layer's (tests/test_estimate_agreement.py checks it against simulations).
 """
