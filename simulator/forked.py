@@ -34,10 +34,14 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
+def fork_available() -> bool:
+    """Whether this system forks safely at all: Linux (fork is unsafe on macOS, absent on Windows)."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
 def fork_safe() -> bool:
     """Whether forking a worker is safe and worth it here: Linux, one thread, two cores or more."""
-    return hasattr(os, "fork") and sys.platform.startswith("linux") and threading.active_count() == 1 \
-        and cores() >= 2
+    return fork_available() and threading.active_count() == 1 and cores() >= 2
 
 
 def spare_core() -> bool:

@@ -19,13 +19,12 @@ import os
 import pickle
 import select
 import struct
-import sys
-import threading
 from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
 from simulator.engine.memory_log import apply
+from simulator.forked import cores, fork_available, fork_safe
 from simulator.trace.records import AllocatorEvent
 
 if TYPE_CHECKING:
@@ -53,14 +52,13 @@ def workers_for(choice: int | None, instructions: int, ranks: int) -> int:
     available to it, one per core beyond the engine's but at least two (the engine's core then shares the
     work), at most one per rank and MAX_WORKERS. Always 0 off Linux (fork is unsafe on macOS, absent on
     Windows)."""
-    if choice == 0 or not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+    if choice == 0 or not fork_available():
         return 0
     if choice is not None:
         return min(choice, ranks)
-    cores = len(os.sched_getaffinity(0))
-    if instructions < MIN_INSTRUCTIONS or cores < 2 or threading.active_count() > 1:
+    if instructions < MIN_INSTRUCTIONS or not fork_safe():
         return 0
-    return min(max(cores - 1, 2), ranks, MAX_WORKERS)
+    return min(max(cores() - 1, 2), ranks, MAX_WORKERS)
 
 
 class _Worker:

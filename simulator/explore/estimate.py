@@ -15,7 +15,7 @@ all plans sharing it in one vectorised pass, and each rank's memory peak is the 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -74,6 +74,20 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
             pending = 0
     _flush(groups, results, caches, replay)
     return results
+
+
+def replayed_until_fit(candidates: Iterable[tuple[Hashable, Scenario]], enough: int, caches: Caches) -> Iterator:
+    """(key, estimate with the allocator replay) for candidates in the order given — those that fit by peak
+    allocated (estimate_reports with replay=False), best first — until `enough` of them fit by peak reserved. A
+    candidate that does not fit by peak allocated does not fit at all (reserved >= allocated), so the candidates
+    that fit are those a replay of every one would give, in the same order (explore/search.py and fit.py)."""
+    fitting = 0
+    for key, scenario in candidates:
+        if fitting >= enough:
+            return
+        report = estimate_reports([scenario], errors="return", caches=caches)[0]
+        fitting += bool(report["fits"])
+        yield key, report
 
 
 # Plans whose numbers wait for their group's evaluation: each plan's report is the same whichever plans are

@@ -307,18 +307,16 @@ def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[
     (tests/test_fit_choice.py).
     """
     from simulator.explore.assemble import Caches
-    from simulator.explore.estimate import estimate_reports
+    from simulator.explore.estimate import estimate_reports, replayed_until_fit
 
     caches = Caches()
     scenarios = [scenario for _, scenario in candidates]
     estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
     may_fit, unknown = _ranked(candidates, estimates)
-    keep = _keep(verify, len(unknown))
     ranked = 0
-    for index, change in may_fit:
-        if ranked >= keep:
-            break
-        if estimate_reports([scenarios[index]], errors="return", caches=caches)[0]["fits"]:
+    for change, report in replayed_until_fit(((change, scenarios[index]) for index, change in may_fit),
+                                             _keep(verify, len(unknown)), caches):
+        if report["fits"]:
             ranked += 1
             yield change
     yield from unknown[:verify - ranked]

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 from simulator.errors import MemsimError, ScenarioError, TopologyError
 from simulator.explore.assemble import Caches
 from simulator.explore.candidates import AXES, Axis, Context, Settings, enumerate_plans, overrides
-from simulator.explore.estimate import estimate_reports
+from simulator.explore.estimate import estimate_reports, replayed_until_fit
 from simulator.scenario import Scenario
 from simulator.scenario.loader import read_scenario_document, scenario_from_dict
 
@@ -255,13 +255,8 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     scenario_of = dict(zip(where, scenarios))
     may_fit = sorted((e["iteration_time_s"], k) for k, e in zip(where, estimates)
                      if not isinstance(e, MemsimError) and e["fits"] and not e.get("leaves_out"))
-    replayed = 0
     estimates = dict(zip(where, estimates))
-    for _, k in may_fit:
-        if replayed >= top_k:
-            break
-        estimates[k] = estimate_reports([scenario_of[k]], errors="return", caches=caches)[0]
-        replayed += bool(estimates[k]["fits"])
+    estimates.update(replayed_until_fit(((k, scenario_of[k]) for _, k in may_fit), top_k, caches))
     estimates = [estimates[k] for k in where]
     for k, estimate in zip(where, estimates):
         settings = settings_list[k]
