@@ -20,7 +20,6 @@ class Lru:
         self._weigh = weight
         self._items: OrderedDict[Hashable, tuple[object, float]] = OrderedDict()
         self.weight = 0.0
-        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -50,7 +49,6 @@ class Lru:
         while self.weight > self.max_weight and len(self._items) > 1:
             _, (_, dropped) = self._items.popitem(last=False)
             self.weight -= dropped
-            self.dropped += 1
 
     def setdefault(self, key: Hashable, default):
         found = self._items.get(key)
@@ -59,10 +57,3 @@ class Lru:
             return found[0]
         self[key] = default
         return default
-
-    def values(self):
-        return [value for value, _ in self._items.values()]
-
-    def clear(self) -> None:
-        self._items.clear()
-        self.weight = 0.0
