@@ -48,24 +48,31 @@ _BLOCKING_POSTER = attrgetter("collective.group", "stream")
 def _streams_to_scan(program: Program) -> list[tuple[str, list]]:
     """(stream, instructions) holding every (kind, group, size) and (group, stream) of `program`'s communication
     once or more, in the order of their first occurrence: every stream, but on the compute stream only the first
-    micro-batch copy of each `blocking` (Program.copies): copies with the same `blocking` post the same Blocking
-    collectives, but for their tensor ids and iteration."""
-    streams = list(program.streams.items())
-    if not program.copies:
-        return streams
-    compute = program.streams[COMPUTE_STREAM]
+    micro-batch copy of each `blocking` (Program.copies), and on each stream only the first template copy's part of
+    each key (Program.blocks): copies with the same `blocking` (parts with the same key) post the same Blocking
+    collectives and collectives, but for their tensor ids and event names."""
+    if not program.copies and not program.blocks:
+        return list(program.streams.items())
     parts: list[tuple[str, list]] = []
-    seen: set[int] = set()
-    scanned_to = 0
-    for start, end, _, _, _, blocking in program.copies:
-        if id(blocking) in seen:        # (the copies are kept alive by `program`: ids are not reused)
-            parts.append((COMPUTE_STREAM, compute[scanned_to:start]))
+    for name, instructions in program.streams.items():
+        skipped: list[tuple[int, int]] = []        # (start, end) of copies and parts seen before
+        seen: set[int] = set()        # (the copies are kept alive by `program`: ids are not reused)
+        for start, end, _, _, _, blocking in program.copies if name == COMPUTE_STREAM else ():
+            if id(blocking) in seen:
+                skipped.append((start, end))
+            else:
+                seen.add(id(blocking))
+        for start, end, key, _ in program.blocks.get(name, ()):
+            if id(key) in seen:
+                skipped.append((start, end))
+            else:
+                seen.add(id(key))
+        scanned_to = 0
+        for start, end in sorted(skipped):
+            parts.append((name, instructions[scanned_to:start]))
             scanned_to = end
-        else:
-            seen.add(id(blocking))
-    parts.append((COMPUTE_STREAM, compute[scanned_to:]))
-    return [part for name, instructions in streams
-            for part in (parts if name == COMPUTE_STREAM else [(name, instructions)])]
+        parts.append((name, instructions[scanned_to:] if scanned_to else instructions))
+    return parts
 
 
 class Pending:

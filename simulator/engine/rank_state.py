@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_, itemgetter
+from operator import add, attrgetter, is_, itemgetter
 from typing import TYPE_CHECKING, Sequence
 
 import simpy
@@ -26,15 +26,28 @@ COMPUTE_STREAM = "compute"    # waits of this stream on communication are "expos
 MAX_OVERLAPPED_RUNS = 8       # runs between a Signal and the WaitFor of an overlapped inline collective, at most
 
 
-def _outside(instructions: tuple, copies: tuple) -> tuple[Sequence[int], Sequence]:
-    """(positions, instructions) of `instructions` outside the micro-batch copies `copies` (Program.copies, in
-    order), which hold only Run and Blocking instructions: ~5% of a pipeline stage's compute stream."""
-    if not copies:
+def _outside(instructions: tuple, copies: tuple, blocks: tuple = ()) -> tuple[Sequence[int], Sequence]:
+    """(positions, instructions) of `instructions` but the micro-batch copies `copies` (Program.copies, in order),
+    which hold only Run and Blocking instructions (~5% of a pipeline stage's compute stream is outside them), and
+    of the template copies' parts `blocks` (Program.blocks) only their Signals and WaitFors."""
+    if not copies and not blocks:
         return range(len(instructions)), instructions
-    starts = [0] + [copy[1] for copy in copies]
-    ends = [copy[0] for copy in copies] + [len(instructions)]
-    positions = list(chain.from_iterable(map(range, starts, ends)))
-    return positions, list(chain.from_iterable(map(instructions.__getitem__, map(slice, starts, ends))))
+    if not blocks:
+        starts = [0] + [copy[1] for copy in copies]
+        ends = [copy[0] for copy in copies] + [len(instructions)]
+        positions = list(chain.from_iterable(map(range, starts, ends)))
+        return positions, list(chain.from_iterable(map(instructions.__getitem__, map(slice, starts, ends))))
+    positions: list[int] = []
+    at = 0
+    for start, end, sync in sorted([(copy[0], copy[1], ()) for copy in copies]
+                                   + [(block[0], block[1], block[3]) for block in blocks]):
+        positions += range(at, start)
+        positions += map(add, sync, repeat(start))
+        at = end
+    positions += range(at, len(instructions))
+    if len(positions) < 2:
+        return positions, [instructions[i] for i in positions]
+    return positions, itemgetter(*positions)(instructions)
 
 
 class RankState:
@@ -84,8 +97,10 @@ class RankState:
         periods = 0
         for name, instructions in program.streams.items():
             # Only the waits, signals and periods matter here: pick them out at C speed (runs are most of a stream),
-            # and none of the compute stream's micro-batch copies (Program.copies: runs and Blocking instructions).
-            positions, picked = _outside(instructions, program.copies if name == COMPUTE_STREAM else ())
+            # and none of the compute stream's micro-batch copies (Program.copies: runs and Blocking instructions),
+            # of template copies' parts (Program.blocks) only their Signals and WaitFors.
+            positions, picked = _outside(instructions, program.copies if name == COMPUTE_STREAM else (),
+                                         program.blocks.get(name, ()))
             kinds = list(map(type, picked))
             is_wait = list(map(is_, kinds, repeat(WaitFor)))
             waits = list(compress(positions, is_wait))

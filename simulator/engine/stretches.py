@@ -21,7 +21,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from itertools import repeat
-from operator import attrgetter, is_, sub
+from operator import attrgetter, is_, itemgetter, sub
 from typing import TYPE_CHECKING
 
 from simulator.engine.logs import IntervalLog, doubles, positive
@@ -49,9 +49,13 @@ def _intervals(times: list[float], pairs) -> tuple[array, array]:
 class Stretches:
     """One rank's stretch records and the bookkeeping of learning one."""
 
-    def __init__(self, copies: tuple = ()) -> None:
-        self.copies = copies                                 # the compute stream's Program.copies
-        self.copy_starts = [copy[0] for copy in copies]
+    def __init__(self, copies: tuple = (), blocks: tuple = ()) -> None:
+        # The compute stream's Program.copies and template copies' parts (Program.blocks), by start: (start, stop,
+        # what copy_of names them by but for the offset).
+        self.copies = sorted([(start, stop, (template, iteration, low, blocking))
+                              for start, stop, template, iteration, low, blocking in copies]
+                             + [(start, stop, (key,)) for start, stop, key, _ in blocks], key=itemgetter(0, 1))
+        self.copy_starts = [copy[0] for copy in self.copies]
         self.records: dict[int, list[StretchRecord]] = {}    # id(first op) -> records
         self.count = 0                                       # records made
         self.failures: dict[int, int] = {}                   # id(first op) -> stretches not learnable
@@ -92,14 +96,14 @@ class Stretches:
 
     def copy_of(self, index: int, end: int) -> tuple | None:
         """(template, offset, iteration, low, blocking) of the micro-batch copy holding instructions [index, end)
-        of the compute stream, or None."""
+        of the compute stream, (key, offset) of the template copy's part holding them, or None."""
         i = bisect_right(self.copy_starts, index) - 1
         if i < 0:
             return None
-        start, stop, template, iteration, low, blocking = self.copies[i]
+        start, stop, named = self.copies[i]
         if end > stop:
             return None
-        return template, index - start, iteration, low, blocking
+        return (named[0], index - start, *named[1:])
 
     def _inline_starts(self, state: RankState, network, instructions, index: int, record: StretchRecord,
                        copied: bool, now_s: float) -> dict[str, int] | None:

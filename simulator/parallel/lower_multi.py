@@ -121,6 +121,7 @@ class _Streams:
     peers: dict[int, int] = field(default_factory=dict)           # pipeline stage -> this rank's peer on it
     chunks: dict[int, int] = field(default_factory=dict)          # pipeline stage -> its chunk on its rank
     copies: list[tuple] = field(default_factory=list)   # Program.copies of the compute stream
+    blocks: dict[str | None, list[tuple]] = field(default_factory=dict)  # Program.blocks (None: compute stream)
     overlap: OverlapOptions = NO_OVERLAP_CHANGE         # what the run overlaps (parallel/overlap.py)
     deferred: list[Collective] = field(default_factory=list)   # reductions posted after the backward
     unsent: list[str] = field(default_factory=list)     # blocking sends the next action waits for
@@ -495,7 +496,9 @@ class _Streams:
         streams = {COMPUTE: tuple(self.compute)}
         for name in sorted(self.other):
             streams[name] = tuple(self.other[name])
-        return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies), host_tensors or {})
+        blocks = {COMPUTE if name is None else name: tuple(parts) for name, parts in self.blocks.items()}
+        return Program(self.rank, device.name, stage, tensors, streams, tuple(self.copies), host_tensors or {},
+                       blocks)
 
 
 def _interleaving(timed: _TimedOps, specials: tuple) -> tuple:

@@ -49,7 +49,7 @@ def record(scratch, runs: list, overlaps) -> tuple | None:
     pending = list(scratch.pending)
     scratch.overlapped(runs, overlaps)
     if (scratch.pending != pending or scratch.deferred or scratch.unsent or scratch.sends or scratch.copies
-            or scratch.offload_last or scratch.gathering):
+            or scratch.blocks or scratch.offload_last or scratch.gathering):
         return None
     labels = [""] * scratch.count          # events are numbered from 1 on the fresh scratch streams
     # Over the streams in order: the Signals' and WaitFors' event numbers less one, the moved Allocs and Frees, the
@@ -72,7 +72,8 @@ def _moved(ids: tuple[int, ...]) -> int:
 
 def _plan(instructions: list, labels: list[str], made: dict[type, list]) -> tuple | None:
     """(a picker of the maker each of `instructions` (lowered with shift MARK) comes from in a copy, in order; the
-    runs' ops, durations, iterations and lows; the shared instructions). Appends its events' numbers less one, moved
+    runs' ops, durations, iterations and lows; the shared instructions; the positions of its Signals and WaitFors,
+    as Program.blocks lists them). Appends its events' numbers less one, moved
     Allocs / Frees and moved collectives to `made` (by class), each event's label to `labels`. None when an
     instruction is not one this module knows how to move."""
     kinds: list[int] = []
@@ -114,7 +115,8 @@ def _plan(instructions: list, labels: list[str], made: dict[type, list]) -> tupl
                 kinds.append(_SAME)
         else:
             return None
-    return _picker(kinds), tuple(map(tuple, runs)), tuple(same)
+    return (_picker(kinds), tuple(map(tuple, runs)), tuple(same),
+            tuple(i for i, kind in enumerate(kinds) if kind == _SIGNAL or kind == _WAIT))
 
 
 def _picker(indices: list[int]):
@@ -210,18 +212,22 @@ def apply(template: tuple, streams, shift: int) -> None:
     events numbered after the streams' own, as `overlapped` would have made them.
 
     Each kind of instruction is made in bulk for all streams, then each stream draws from the kinds' iterators in
-    its instruction order (`pick`), the streams in the order the template's were recorded.
+    its instruction order (`pick`), the streams in the order the template's were recorded. Each stream's part is
+    listed in `streams.blocks` (Program.blocks: where its Signals and WaitFors stand, for the engine's set-up).
     """
     labels, signals, waits, allocs, frees, collectives, plans = template
     count = streams.count
     # Each event's name made once, shared by its Signal and its WaitFor (equal strings either way).
     names = list(map(add, labels, map(str, range(count + 1, count + len(labels) + 1))))
     shared = (signals(names), waits(names), allocs(shift), frees(shift), collectives(shift))
-    for name, pick, (ops, durations, iterations, lows), same in plans:
+    blocks = streams.blocks
+    for plan in plans:
+        name, pick, (ops, durations, iterations, lows), same, sync = plan
         made = map(next, pick((map(new_run, repeat(Run), zip(ops, durations, iterations, repeat(shift), lows)),
                                *shared, iter(same))))
-        if name is None:
-            streams.compute += made
-        else:
-            streams.stream(name).extend(made)
+        stream = streams.compute if name is None else streams.stream(name)
+        start = len(stream)
+        stream += made
+        # (the plan, the same object for every copy of this template: its key)
+        blocks.setdefault(name, []).append((start, len(stream), plan, sync))
     streams.count = count + len(labels)

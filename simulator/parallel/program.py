@@ -380,3 +380,10 @@ class Program:
     # Tensors in host memory (offload), by id (disjoint from `tensors`' ids): what HostAlloc, HostFree and a
     # Transfer's host_allocs / host_frees name. Their bytes count against the host's memory, not the device's.
     host_tensors: dict = field(default_factory=dict)
+    # Per stream, the parts overlapped micro-batch copies made from a template (parallel/overlap_templates.py), by
+    # start: (start, end, key, sync): instructions [start, end) are a copy of the template's part for this stream,
+    # `key` the same object for every copy of that part, `sync` the positions (from start) of its Signals and
+    # WaitFors. It holds no Period; copies with one key hold the same instructions but for tensor ids, shifts
+    # and event names (engine/rank_state.py reads only their Signals and WaitFors; engine/network_model.py scans
+    # one copy per key).
+    blocks: dict[str, tuple[tuple, ...]] = field(default_factory=dict)
