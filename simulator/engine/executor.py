@@ -103,7 +103,9 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
     states = [RankState(p, a, c, options, env) for p, a, c in zip(programs, allocators, capacities)]
     if options.stretches:
         for state in states:
-            state.stretches = Stretches(state.program.copies, state.program.blocks.get(COMPUTE_STREAM, ()))
+            program = state.program
+            state.stretches = Stretches(program.copies, program.blocks.get(COMPUTE_STREAM, ()),
+                                        program.streams.get(COMPUTE_STREAM, ()))
     world = _World(env, programs, topology, plan if options.shadow_traffic else None,
                    options.isolated_collectives)
     finished: list[str] = []

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 _EVENT = attrgetter("event")
 MIN_LENGTH = 8                # shorter stretches are not worth a record
 MAX_RECORDS = 4               # records (and failed attempts) per first op
+MAX_TAIL = 4                  # Allocs and Frees a stretch may hold after a template copy's part and match it
 
 
 def _intervals(times: list[float], pairs) -> tuple[array, array]:
@@ -49,13 +50,14 @@ def _intervals(times: list[float], pairs) -> tuple[array, array]:
 class Stretches:
     """One rank's stretch records and the bookkeeping of learning one."""
 
-    def __init__(self, copies: tuple = (), blocks: tuple = ()) -> None:
+    def __init__(self, copies: tuple = (), blocks: tuple = (), compute: tuple = ()) -> None:
         # The compute stream's Program.copies and template copies' parts (Program.blocks), by start: (start, stop,
         # what copy_of names them by but for the offset).
         self.copies = sorted([(start, stop, (template, iteration, low, blocking))
                               for start, stop, template, iteration, low, blocking in copies]
                              + [(start, stop, (key,)) for start, stop, key, _ in blocks], key=itemgetter(0, 1))
         self.copy_starts = [copy[0] for copy in self.copies]
+        self.compute = compute                               # the compute stream (a block's tail is read)
         self.records: dict[int, list[StretchRecord]] = {}    # id(first op) -> records
         self.count = 0                                       # records made
         self.failures: dict[int, int] = {}                   # id(first op) -> stretches not learnable
@@ -96,11 +98,18 @@ class Stretches:
 
     def copy_of(self, index: int, end: int) -> tuple | None:
         """(template, offset, iteration, low, blocking) of the micro-batch copy holding instructions [index, end)
-        of the compute stream, (key, offset) of the template copy's part holding them, or None."""
+        of the compute stream; (key, offset, tail) of the template copy's part (Program.blocks) holding them but
+        for a tail of up to MAX_TAIL Allocs and Frees after it (a backward's "micro-batch done" Free: their
+        positions are matched as a record's others, and nothing else of them is recorded); or None."""
         i = bisect_right(self.copy_starts, index) - 1
         if i < 0:
             return None
         start, stop, named = self.copies[i]
+        if len(named) == 1:
+            if end > stop and (end - stop > MAX_TAIL
+                               or not all(type(ins) is Alloc or type(ins) is Free for ins in self.compute[stop:end])):
+                return None
+            return named[0], index - start, end - stop if end > stop else 0
         if end > stop:
             return None
         return (named[0], index - start, *named[1:])

@@ -1,0 +1,121 @@
+"""Program.blocks (the parts of template copies, parallel/overlap_templates.py): what they list is what the streams
+hold, and the engine's set-up, network analysis and stretch replay reading them find what reading every
+instruction finds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import simulator.api as api
+from simulator.engine.allocator import make_allocator
+from simulator.engine.executor import EngineOptions, _Environment
+from simulator.engine.network_model import _streams_to_scan
+from simulator.engine.rank_state import RankState
+from simulator.engine.stretches import Stretches
+from simulator.parallel.program import Blocking, Collective, Period, Recv, Send, Signal, Transfer, WaitFor
+from simulator.scenario import scenario_from_dict
+from tests.test_lowering_compiled import _doc
+from tests.test_overlap_templates import CASES, OVERLAPS, _programs
+from tests.test_stretches import _count_replays, _steady
+from test_scale_inline import _everything
+
+_PROGRAM_CASES = [(case, overlap) for case in CASES for overlap in OVERLAPS[:2]]
+
+
+def _lowered(case, overlap):
+    topology, schedule, recompute, framework, microbatches, parallel = case
+    doc = _doc(topology, schedule, recompute, framework, microbatches, **parallel)
+    programs = _programs(doc, overlap, parallel.get("dp", 1) > 1)
+    assert any(program.blocks for program in programs)       # copies were made from a template
+    return programs
+
+
+@pytest.mark.parametrize("case, overlap", _PROGRAM_CASES,
+                         ids=lambda value: getattr(value, "__class__", None) is tuple and f"{value[1]}-{value[5]}"
+                         or None)
+def test_blocks_list_where_their_signals_and_waits_stand(case, overlap):
+    for program in _lowered(case, overlap):
+        for name, blocks in program.blocks.items():
+            instructions = program.streams[name]
+            ends = [0]
+            by_key: dict[int, list] = {}
+            for start, end, key, sync in blocks:
+                assert ends[-1] <= start <= end <= len(instructions)     # in order, disjoint
+                ends.append(end)
+                part = instructions[start:end]
+                assert tuple(i for i, ins in enumerate(part) if type(ins) in (Signal, WaitFor)) == sync
+                assert not any(type(ins) is Period for ins in part)
+                by_key.setdefault(id(key), []).append(part)
+            for parts in by_key.values():      # one key: the same kinds of instructions, collectives alike
+                shapes = {tuple((type(ins), _post_key(ins)) for ins in part) for part in parts}
+                assert len(shapes) == 1
+
+
+def _post_key(instruction):
+    collective = instruction[0] if type(instruction) is Blocking else instruction
+    if type(collective) is not Collective:
+        return None
+    return (collective.name, collective.kind, collective.group, collective.size_bytes, collective.iteration,
+            instruction[1] if type(instruction) is Blocking else None)
+
+
+@pytest.mark.parametrize("case, overlap", _PROGRAM_CASES,
+                         ids=lambda value: getattr(value, "__class__", None) is tuple and f"{value[1]}-{value[5]}"
+                         or None)
+def test_rank_set_up_with_blocks_finds_what_a_whole_scan_finds(case, overlap):
+    def set_up(program):
+        state = RankState(program, make_allocator("exact", 1 << 40), 1 << 40, EngineOptions(), _Environment())
+        return (state.waiters, state.wait_stream, state.inline_plans, state.overlap_plans,
+                state.memory.boundaries_left)
+
+    for program in _lowered(case, overlap):
+        assert set_up(program) == set_up(replace(program, copies=(), blocks={}))
+
+
+@pytest.mark.parametrize("case, overlap", _PROGRAM_CASES,
+                         ids=lambda value: getattr(value, "__class__", None) is tuple and f"{value[1]}-{value[5]}"
+                         or None)
+def test_network_scan_of_one_part_per_key_finds_every_operation_in_order(case, overlap):
+    # NetworkModel._analyze keeps (kind, group, size) and (group, stream) of each communication, first occurrence
+    # first: one part per key gives the same, in the same order, as every instruction.
+    def keys(parts):
+        found = {}
+        for stream, instructions in parts:
+            for ins in instructions:
+                kind = type(ins)
+                if kind is Blocking or kind is Collective:
+                    collective = ins[0] if kind is Blocking else ins
+                    found[(collective.kind, collective.group, collective.size_bytes)] = None
+                    found[(collective.group, ins[1] if kind is Blocking else stream)] = None
+                elif kind in (Send, Recv, Transfer):
+                    found[(kind, ins.peer if kind is not Transfer else ins.route, ins.size_bytes)] = None
+        return list(found)
+
+    for program in _lowered(case, overlap):
+        scanned = _streams_to_scan(program)
+        repeated = any(len({id(block[2]) for block in blocks}) < len(blocks) for blocks in program.blocks.values())
+        if repeated:                         # parts of a key seen before are left out
+            assert sum(map(len, (part for _, part in scanned))) < sum(map(len, program.streams.values()))
+        assert keys(scanned) == keys(program.streams.items())
+
+
+def test_stretches_in_template_parts_match_as_the_instructions_do(monkeypatch):
+    # A stretch in the same part (key, offset) of a template copy (Program.blocks) is replayed without comparing
+    # its runs and Blocking collectives: the same result as comparing them, and the shortcut is taken.
+    doc = _steady(4, 32, tp=8, pp=4, dp=1, sequence_parallel=True)
+    in_blocks = []
+    real = Stretches.copy_of
+
+    def spy(self, index, end):
+        found = real(self, index, end)
+        in_blocks.append(found is not None and len(found) == 3)
+        return found
+
+    monkeypatch.setattr(Stretches, "copy_of", spy)
+    replayed = _count_replays(monkeypatch)
+    fast = _everything(api.simulate(scenario_from_dict(doc)))
+    assert sum(in_blocks) > 0 and sum(replayed) > 0
+    monkeypatch.setattr(Stretches, "copy_of", lambda self, index, end: None)
+    assert _everything(api.simulate(scenario_from_dict(doc))) == fast
