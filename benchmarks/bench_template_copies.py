@@ -35,6 +35,7 @@ class _Streams:
         self.compute: list = []
         self.other: dict[str, list] = {}
         self.count = 1000
+        self.blocks: dict = {}        # Program.blocks as apply lists them (checkouts before 2026-12-03 ignore it)
 
     def stream(self, name: str) -> list:
         return self.other.setdefault(name, [])
@@ -46,7 +47,7 @@ class _Lowered:
     def __init__(self, compute: list, other: dict[str, list], count: int) -> None:
         self.saved = compute, other, count
         self.pending: list = []
-        self.deferred = self.unsent = self.copies = self.gathering = ()
+        self.deferred = self.unsent = self.copies = self.gathering = self.blocks = ()
         self.sends: dict = {}
         self.offload_last: dict = {}
 

@@ -48,7 +48,8 @@ class StretchRecord:
     number: int                       # the record's first number in its rank (the memory log's STRETCH words name
                                       # number + i before piece i's calls)
     copy: tuple | None                # (template, offset, iteration, low, blocking) of the micro-batch copy it lay
-                                      # in (Program.copies), or None
+                                      # in (Program.copies), (key, offset, tail) of the template copy's part
+                                      # (Program.blocks), or None: Stretches.copy_of
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)
