@@ -95,16 +95,21 @@ def test_stretches_replay_without_memory_periods(monkeypatch):
     assert sum(replayed) > 0
 
 
-def test_copies_match_as_the_instructions_do(monkeypatch):
-    # A stretch in the same part of a copy of the same template (Program.copies) is replayed without comparing
-    # its runs and Blocking collectives: the same result as comparing them, and the shortcut is taken.
-    doc = _steady(4, 48, tp=8, pp=2, dp=2, sequence_parallel=True)
+@pytest.mark.parametrize("global_batch, parallel, named", [
+    (48, dict(tp=8, pp=2, dp=2, sequence_parallel=True), 5),    # a compiled copy (Program.copies)
+    (32, dict(tp=8, pp=4, dp=1, sequence_parallel=True), 3),    # a template copy's part (Program.blocks)
+])
+def test_copies_match_as_the_instructions_do(monkeypatch, global_batch, parallel, named):
+    # A stretch in the same part of a copy of the same template (Program.copies; Program.blocks, with a tail of
+    # Allocs and Frees) is replayed without comparing its runs and Blocking collectives: the same result as
+    # comparing them, and the shortcut is taken.
+    doc = _steady(4, global_batch, **parallel)
     copied = []
     real = Stretches.copy_of
 
     def spy(self, index, end):
         found = real(self, index, end)
-        copied.append(found is not None)
+        copied.append(found is not None and len(found) == named)
         return found
 
     monkeypatch.setattr(Stretches, "copy_of", spy)

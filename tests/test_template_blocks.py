@@ -1,6 +1,6 @@
 """Program.blocks (the parts of template copies, parallel/overlap_templates.py): what they list is what the streams
-hold, and the engine's set-up, network analysis and stretch replay reading them find what reading every
-instruction finds."""
+hold, and the engine's set-up and network analysis reading them find what reading every instruction finds
+(stretch replay matching by them: tests/test_stretches.py, test_copies_match_as_the_instructions_do)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-import simulator.api as api
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, _Environment
 from simulator.engine.network_model import _streams_to_scan
 from simulator.engine.rank_state import RankState
-from simulator.engine.stretches import Stretches
 from simulator.parallel.program import Blocking, Collective, Period, Recv, Send, Signal, Transfer, WaitFor
-from simulator.scenario import scenario_from_dict
 from tests.test_lowering_compiled import _doc
 from tests.test_overlap_templates import CASES, OVERLAPS, _programs
-from tests.test_stretches import _count_replays, _steady
-from test_scale_inline import _everything
 
 _PROGRAM_CASES = [(case, overlap) for case in CASES for overlap in OVERLAPS[:2]]
 
@@ -100,22 +95,3 @@ def test_network_scan_of_one_part_per_key_finds_every_operation_in_order(case, o
             assert sum(map(len, (part for _, part in scanned))) < sum(map(len, program.streams.values()))
         assert keys(scanned) == keys(program.streams.items())
 
-
-def test_stretches_in_template_parts_match_as_the_instructions_do(monkeypatch):
-    # A stretch in the same part (key, offset) of a template copy (Program.blocks) is replayed without comparing
-    # its runs and Blocking collectives: the same result as comparing them, and the shortcut is taken.
-    doc = _steady(4, 32, tp=8, pp=4, dp=1, sequence_parallel=True)
-    in_blocks = []
-    real = Stretches.copy_of
-
-    def spy(self, index, end):
-        found = real(self, index, end)
-        in_blocks.append(found is not None and len(found) == 3)
-        return found
-
-    monkeypatch.setattr(Stretches, "copy_of", spy)
-    replayed = _count_replays(monkeypatch)
-    fast = _everything(api.simulate(scenario_from_dict(doc)))
-    assert sum(in_blocks) > 0 and sum(replayed) > 0
-    monkeypatch.setattr(Stretches, "copy_of", lambda self, index, end: None)
-    assert _everything(api.simulate(scenario_from_dict(doc))) == fast

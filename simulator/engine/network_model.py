@@ -24,7 +24,7 @@ without flows.
 from __future__ import annotations
 
 from collections import deque
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, is_
 import simpy
 
@@ -57,16 +57,11 @@ def _streams_to_scan(program: Program) -> list[tuple[str, list]]:
     for name, instructions in program.streams.items():
         skipped: list[tuple[int, int]] = []        # (start, end) of copies and parts seen before
         seen: set[int] = set()        # (the copies are kept alive by `program`: ids are not reused)
-        for start, end, _, _, _, blocking in program.copies if name == COMPUTE_STREAM else ():
-            if id(blocking) in seen:
-                skipped.append((start, end))
-            else:
-                seen.add(id(blocking))
-        for start, end, key, _ in program.blocks.get(name, ()):
+        for start, end, key in chain(((c[0], c[1], c[5]) for c in program.copies if name == COMPUTE_STREAM),
+                                     ((b[0], b[1], b[2]) for b in program.blocks.get(name, ()))):
             if id(key) in seen:
                 skipped.append((start, end))
-            else:
-                seen.add(id(key))
+            seen.add(id(key))
         scanned_to = 0
         for start, end in sorted(skipped):
             parts.append((name, instructions[scanned_to:start]))
