@@ -410,7 +410,7 @@ class FlowNetwork:
             else:
                 rates = self._fill_component(ids, flows, resources)
             rated.append((ids, flows, rates))
-        changed: dict[float, list[tuple[int, int]]] = {}     # end of transmission -> (flow id, version)
+        changed: defaultdict[float, list[tuple[int, int]]] = defaultdict(list)   # end -> [(flow id, version)]
         for ids, flows, rates in rated:
             for flow_id, active, rate in zip(ids, flows, rates):
                 remaining = active.remaining - active.rate * (now - active.updated_s)
@@ -423,11 +423,7 @@ class FlowNetwork:
                 if end != active.end_s:     # else its valid entry already says so: the heap pops the same
                     version = active.version = active.version + 1
                     active.end_s = end
-                    same = changed.get(end)
-                    if same is None:
-                        changed[end] = [(flow_id, version)]
-                    else:
-                        same.append((flow_id, version))
+                    changed[end].append((flow_id, version))
         heappush = heapq.heappush
         pushes = self._pushes
         for end, members in changed.items():
@@ -438,8 +434,8 @@ class FlowNetwork:
     def _lone_flows(self, dirty: dict[int, None]) -> tuple[list[tuple[list[int], list[_Active], tuple[float]]],
                                                             list[int]]:
         """Rate the flows started since the last re-rating on idle resources only, or left alone on a resource since,
-        that are alone on every resource they cross: ([flow id], [its state], (its rate,)) for each, and the busy resources of `dirty`
-        that are none of theirs (in order), to search.
+        that are alone on every resource they cross: ([flow id], [its state], (its rate,)) for each, and the busy
+        resources of `dirty` that are none of theirs (in order), to search.
 
         Such a flow is a component of its own, which the search would find and `one_level` rate: with one flow
         every resource's share is capacity / times crossed, the least of them is tight, so `one_level` returns
