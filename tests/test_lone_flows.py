@@ -132,3 +132,23 @@ def test_a_pipeline_scenario_reports_the_same_with_and_without_the_lone_path(mon
     monkeypatch.setattr(FlowNetwork, "_lone_flows", lambda self, dirty: ([], list(dirty)))
     searched = report_json(simulate(scenario, timelines=False).report)
     assert fast == searched
+
+
+def test_a_flow_that_started_sharing_is_rated_alone_once_the_other_ends():
+    """Only flows that started on idle resources are looked at as started since (FlowNetwork.start_many); one that
+    found a busy resource is marked when that resource's other flow ends, and is then rated alone."""
+    capacities = {0: 1.0, 100: 4.0, 110: 2.0}
+    routes = {(0, 1000): ((0, 1), (100, 1)), (1, 1001): ((0, 1), (110, 1))}
+    table = _Table(capacities, routes)
+    net = _Counting(table)
+    _Counting.lone = 0
+    short = net.start(Flow(0, 1000, 0.5), with_latency=False)
+    net.next_event_s()                      # alone on idle resources: rated alone
+    assert _Counting.lone == 1 and net._started_alone == []
+    long = net.start(Flow(1, 1001, 3.0), with_latency=False)
+    assert net._started_alone == []         # it found resource 0 busy
+    assert net.rates() == {short: 0.5, long: 0.5} and _Counting.lone == 1
+    assert net.advance_ids(1.0) == [short]
+    assert net.rates() == {long: 1.0} and _Counting.lone == 2   # alone once the short one ended
+    batches = [(0.0, [(0, 0.5, None, False)]), (0.0, [(1, 3.0, None, False)])]
+    assert _drive(_Counting(table), batches) == _drive(_Searched(table), batches)

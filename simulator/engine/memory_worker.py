@@ -4,7 +4,8 @@ The executor never waits for memory (engine/memory_log.py), so on a machine with
 forks workers once the ranks are set up, each owning some of the ranks: a worker holds a copy of its ranks'
 RankMemory and program, the engine sends it each of those ranks' log in chunks through a pipe (two 8-byte
 columns per call) as it grows, and at the end the worker sends back their MemoryOutcomes. The engine never waits
-for a worker while it runs: what a full pipe does not take waits in the engine's queue for the next send (a
+for a worker while it runs: what a full pipe does not take waits in the engine's queue for the next send — views
+of the chunks the engine keeps anyway, so the queue holds no more than the log itself (a
 worker behind with heavy ranks had held the engine ~1.4 s of 6.5 at GPT-3 175B on 1,024 GPUs, its other worker
 idle meanwhile); the rest is written once the engine has ended. The calls are the
 same, made in the same order per rank, so the results are those of making them in the engine's process

@@ -47,10 +47,6 @@ _shape = attrgetter("shape")
 _multi = attrgetter("multi")
 
 
-def _delivery_order(delivered: tuple[float, int, _Active]) -> tuple[float, int]:
-    return delivered[0], delivered[1]
-
-
 class RoutingModel(Protocol):
     """What FlowNetwork needs from a topology."""
 
@@ -121,8 +117,8 @@ class FlowNetwork:
         self._fast_routes = hasattr(topology, "route_uses") and hasattr(topology, "route_latency_s")
         self._now = float(start_s)
         self._next_id = 0
-        self._fresh_from = 0                         # the first flow id started since the last re-rating
-        self._left_alone: dict[int, None] = {}       # flows left alone on a resource since then (some ended)
+        self._left_alone: dict[int, None] = {}       # flows left alone on a resource since the last re-rating
+        self._started_alone: list[int] = []          # flows started since then on idle resources only
         self._active: dict[int, _Active] = {}
         # resource -> {flow id: uses}, in start order; empty once idle (a link's dict is kept for its next flows:
         # making and dropping a dict per link per flow cost more than the rest of a start), read with `get`
@@ -180,33 +176,42 @@ class FlowNetwork:
         """
         first = flow_id = self._next_id
         routes, on, active_of, dirty = self._routes, self._on, self._active, self._dirty
+        alone = self._started_alone
         now = self._now
-        for flow in flows:
-            known = routes.get((flow.src, flow.dst))
-            if known is None:
-                known = self._route(flow.src, flow.dst)
-            uses, res, keys, latency_s, shape, multi = known
-            cap = flow.max_bytes_per_s
-            if cap is not None:
-                cap = float(cap)
-                cap_resource = -1 - flow_id          # a private resource holding the flow's own cap
-                self._capacity[cap_resource] = cap
-                shapes = self._shapes
-                shape = shapes.setdefault((uses, cap), len(shapes))
-                uses = uses + ((cap_resource, 1),)
-                res = res + (cap_resource,)
-                keys = dict.fromkeys(res)
-            active = _Active(flow, now, uses, res, latency_s if with_latency else 0.0, shape, multi)
-            if flow.size_bytes == 0 or not uses:
-                self._sent[flow_id] = active
-                heapq.heappush(self._arrive, (now + active.latency_s, flow_id))
-            else:
-                active_of[flow_id] = active
-                for resource, count in uses:
-                    on[resource][flow_id] = count
-                dirty.update(keys)
-            flow_id += 1
-            self._next_id = flow_id
+        try:
+            for flow in flows:
+                known = routes.get((flow.src, flow.dst))
+                if known is None:
+                    known = self._route(flow.src, flow.dst)
+                uses, res, keys, latency_s, shape, multi = known
+                cap = flow.max_bytes_per_s
+                if cap is not None:
+                    cap = float(cap)
+                    cap_resource = -1 - flow_id          # a private resource holding the flow's own cap
+                    self._capacity[cap_resource] = cap
+                    shapes = self._shapes
+                    shape = shapes.setdefault((uses, cap), len(shapes))
+                    uses = uses + ((cap_resource, 1),)
+                    res = res + (cap_resource,)
+                    keys = dict.fromkeys(res)
+                active = _Active(flow, now, uses, res, latency_s if with_latency else 0.0, shape, multi)
+                if flow.size_bytes == 0 or not uses:
+                    self._sent[flow_id] = active
+                    heapq.heappush(self._arrive, (now + active.latency_s, flow_id))
+                else:
+                    active_of[flow_id] = active
+                    shared = False
+                    for resource, count in uses:
+                        crossing = on[resource]
+                        if crossing:
+                            shared = True
+                        crossing[flow_id] = count
+                    if not shared:          # (one that shares a resource now is not alone at the next re-rating)
+                        alone.append(flow_id)
+                    dirty.update(keys)
+                flow_id += 1
+        finally:
+            self._next_id = flow_id         # (the flows before one whose route is refused are started)
         return range(first, flow_id)
 
     def _route(self, src: int | str, dst: int | str) -> tuple:
@@ -302,7 +307,7 @@ class FlowNetwork:
                         ended.append((end_s, flow_id))
             if ended:
                 ended.sort()                # by (end, flow id), as one heap entry per flow would pop them
-                self._end_transmissions([flow_id for _, flow_id in ended])
+                self._end_transmissions([flow_id for _, flow_id in ended], delivered)
             while arrive and arrive[0][0] <= horizon:
                 arrive_s, flow_id = heappop(arrive)
                 active = sent.pop(flow_id)
@@ -310,11 +315,14 @@ class FlowNetwork:
                 delivered.append((start_s if start_s > arrive_s else arrive_s, flow_id, active))   # max(arrive, start)
         if math.isfinite(until_s):
             self._now = max(self._now, until_s)
-        delivered.sort(key=_delivery_order)
+        delivered.sort()        # by (delivery, flow id): no two are equal, so the states are never compared
         return delivered
 
-    def _end_transmissions(self, ended: list[int]) -> None:
-        """Flows `ended` (in this order) have sent their last byte now: free their resources, await delivery."""
+    def _end_transmissions(self, ended: list[int], delivered: list[tuple[float, int, _Active]]) -> None:
+        """Flows `ended` (in this order) have sent their last byte now: free their resources, await delivery.
+
+        A flow without latency is delivered now, into `delivered`, instead of through the arrival heap (which
+        `_advance` empties up to now right after this: the same deliveries, sorted there)."""
         active_of, on, unit_of, capacity, sent, arrive = (self._active, self._on, self._unit_of, self._capacity,
                                                           self._sent, self._arrive)
         dirty = self._dirty
@@ -323,10 +331,11 @@ class FlowNetwork:
         alone = self._left_alone
         for flow_id in ended:
             active = active_of.pop(flow_id)
-            active.remaining = 0.0
-            active.rate = 0.0
-            sent[flow_id] = active
-            heappush(arrive, (now + active.latency_s, flow_id))
+            if active.latency_s:
+                sent[flow_id] = active
+                heappush(arrive, (now + active.latency_s, flow_id))
+            else:                           # (started at or before now: delivered at now)
+                delivered.append((now, flow_id, active))
             unit = unit_of.pop(flow_id)     # (every flow was rated, hence in a unit, before it can end)
             if not unit.broken:
                 # Its other flows may no longer be connected: they become seeds, to be walked one by one and put
@@ -379,7 +388,7 @@ class FlowNetwork:
             return
         rated, seeds = self._lone_flows(dirty)
         dirty.clear()
-        self._fresh_from = self._next_id
+        self._started_alone.clear()
         self._left_alone.clear()
         components = self._components(seeds) if seeds else ()
         now = self._now
@@ -401,7 +410,7 @@ class FlowNetwork:
             else:
                 rates = self._fill_component(ids, flows, resources)
             rated.append((ids, flows, rates))
-        changed: dict[float, list[tuple[int, int]]] = {}     # end of transmission -> (flow id, version)
+        changed: defaultdict[float, list[tuple[int, int]]] = defaultdict(list)   # end -> [(flow id, version)]
         for ids, flows, rates in rated:
             for flow_id, active, rate in zip(ids, flows, rates):
                 remaining = active.remaining - active.rate * (now - active.updated_s)
@@ -414,11 +423,7 @@ class FlowNetwork:
                 if end != active.end_s:     # else its valid entry already says so: the heap pops the same
                     version = active.version = active.version + 1
                     active.end_s = end
-                    same = changed.get(end)
-                    if same is None:
-                        changed[end] = [(flow_id, version)]
-                    else:
-                        same.append((flow_id, version))
+                    changed[end].append((flow_id, version))
         heappush = heapq.heappush
         pushes = self._pushes
         for end, members in changed.items():
@@ -428,31 +433,32 @@ class FlowNetwork:
 
     def _lone_flows(self, dirty: dict[int, None]) -> tuple[list[tuple[list[int], list[_Active], tuple[float]]],
                                                             list[int]]:
-        """Rate the flows started since the last re-rating, or left alone on a resource since, that are alone on
-        every resource they cross: ([flow id], [its state], (its rate,)) for each, and the busy resources of `dirty`
-        that are none of theirs (in order), to search.
+        """Rate the flows started since the last re-rating on idle resources only, or left alone on a resource since,
+        that are alone on every resource they cross: ([flow id], [its state], (its rate,)) for each, and the busy
+        resources of `dirty` that are none of theirs (in order), to search.
 
         Such a flow is a component of its own, which the search would find and `one_level` rate: with one flow
         every resource's share is capacity / times crossed, the least of them is tight, so `one_level` returns
         exactly that least share (when positive and finite; else the search and filling rate it). It depends
         only on the flow's shape, and is remembered by it. The flow gets the unit the search would give it: its
         own intact unit if it has one (that unit is then this flow alone), else a new one. A flow on a `dirty`
-        resource that is alone everywhere is one of those (it started since, or the others on one of its resources
-        ended since), so only they are looked at: a pass per flow, not per resource. (A flow the search rates gets
+        resource that is alone everywhere is one of those (it started since on idle resources — one that found a busy
+        resource is not alone before that resource's other flows end —, or the others on one of its resources ended
+        since), so only they are looked at: a pass per flow, not per resource. (A flow the search rates gets
         the same float.) Idle resources are left out of the seeds: the search skips them anyway.
         """
         on, capacity, unit_of, lone, active_of = self._on, self._capacity, self._unit_of, self._lone, self._active
         on_get = on.__getitem__
         found: list[tuple[list[int], list[_Active], tuple[float]]] = []
         taken: set[int] = set()             # the resources of the flows rated here
-        for flow_id in chain(self._left_alone, range(self._fresh_from, self._next_id)):
+        for flow_id in chain(self._left_alone, self._started_alone):
             active = active_of.get(flow_id)
             if active is None:              # (ended, or nothing to send: delivered without rating)
                 continue
             res = active.res
             if res[0] in taken:             # rated above already (started since, and left alone since)
                 continue
-            if list(map(len, map(on_get, res))).count(1) != len(res):
+            if max(map(len, map(on_get, res))) != 1:
                 continue
             rate = lone.get(active.shape)
             if rate is None:
