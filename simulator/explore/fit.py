@@ -297,19 +297,18 @@ def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Chan
     return list(_choose(candidates, verify))
 
 
-def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[Change]:
+def _choose(candidates: list[tuple[Change, Scenario]], verify: int, caches=None) -> Iterator[Change]:
     """_chosen's list, each candidate as soon as it is known (a caller can simulate it while the next is judged).
 
     Peak allocated first, for all (fast); the allocator replay for peak reserved (most of an estimate's time) then
     runs cheapest first on those that may fit, until enough fit by it. A candidate that does not fit by peak
     allocated does not fit by peak reserved (reserved >= allocated), and the cost, the activations and what the
     estimate leaves out do not depend on the replay: the candidates chosen are those a replay of every one gives
-    (tests/test_fit_choice.py).
+    (tests/test_fit_choice.py). `caches`: the estimate's (_caches), shared with earlier rounds.
     """
-    from simulator.explore.assemble import Caches
     from simulator.explore.estimate import estimate_reports, replayed_until_fit
 
-    caches = Caches()
+    caches = _caches() if caches is None else caches
     scenarios = [scenario for _, scenario in candidates]
     estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
     may_fit, unknown = _ranked(candidates, estimates)
@@ -320,6 +319,15 @@ def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[
             ranked += 1
             yield change
     yield from unknown[:verify - ranked]
+
+
+def _caches():
+    """Estimate caches whose op times are this process's (parallel/lower.py op_times): the candidates' simulations,
+    forked from here after their estimates, find the times of the ops their lowering shares with the profiles."""
+    from simulator.explore.assemble import Caches
+    from simulator.parallel.lower import op_times
+
+    return Caches(op_times=op_times())
 
 
 def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[str], original: dict, *,
@@ -350,10 +358,14 @@ def _source(scenario: Scenario | str | os.PathLike) -> str:
     return os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
 
 
-def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> tuple[int, list[tuple[Change, dict]]]:
+def _simulated(source: str, overrides: Sequence[str], verify: int, executor,
+               caches=None) -> tuple[int, list[tuple[Change, dict]]]:
     """What what_would_fit simulates, round by round until a candidate fits: (the job's GPUs, [(change, report)]).
-    The executor is handed the candidates as they are chosen (a forking one starts each at once)."""
+    The executor is handed the candidates as they are chosen (a forking one starts each at once). `caches`: the
+    estimate caches to use (exact memos: the same choice with any), one set for all rounds."""
     from simulator.api import check_scenario
+
+    caches = _caches() if caches is None else caches
 
     document = read_scenario_document(source)
     base = scenario_from_dict(document, source, list(overrides))
@@ -374,7 +386,7 @@ def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> 
         if size == 1:
             valid_singles = [change for change, _ in candidates]
         chosen: list[Change] = []
-        choice = _choose(candidates, verify) if candidates else iter(())
+        choice = _choose(candidates, verify, caches) if candidates else iter(())
         # list(): `chosen` is filled as the executor draws the jobs, so every job is drawn before pairing
         outcomes = list(executor.map(_simulate, _jobs(choice, chosen, document, source, overrides)))
         for change, outcome in zip(chosen, outcomes):
@@ -419,10 +431,11 @@ def _speculate(source: str, overrides: Sequence[str], verify: int):
     from simulator.explore.estimate import estimate_reports
 
     base = scenario_from_dict(read_scenario_document(source), source, list(overrides))
-    estimate = estimate_reports([base], errors="return", replay=False)[0]
+    caches = _caches()
+    estimate = estimate_reports([base], errors="return", caches=caches, replay=False)[0]
     if isinstance(estimate, MemsimError) or estimate["fits"]:
         return None
-    return _simulated(source, overrides, verify, _Forking())
+    return _simulated(source, overrides, verify, _Forking(), caches)
 
 
 class PendingAdvice:

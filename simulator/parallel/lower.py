@@ -10,6 +10,18 @@ from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, Op, Tensor
 from simulator.workload.training import IterationWorkload
 
 COMPUTE = "compute"
+OP_TIMES_KEPT = 1 << 16   # op signatures this process keeps timed (all devices); past it, forgotten and recomputed
+
+_op_times: dict[DeviceSpec, dict[tuple, float]] = {}
+
+
+def op_times() -> dict[DeviceSpec, dict[tuple, float]]:
+    """This process's op times (device -> timed_ops' cache), shared by every lowering of one rank and by whoever is
+    handed it (explore/fit.py's estimates, whose times its forked simulations inherit). An op's time is a pure
+    function of its signature and the device (hardware/cost.py), so a time kept is the time recomputed."""
+    if len(_op_times) + sum(len(times) for times in _op_times.values()) > OP_TIMES_KEPT:
+        _op_times.clear()          # in place: whoever holds the mapping goes on with it
+    return _op_times
 
 
 def _signature(op: Op, hits: int) -> tuple:
@@ -70,9 +82,10 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
     host = workload.host
     if host is not None and host.persistent:
         program.append(HostAlloc(host.persistent, "offload set-up"))
-    first = timed_ops(workload.first_microbatch, tensors, device, 0)
-    later = timed_ops(workload.later_microbatch, tensors, device, 0) if accumulation_steps > 1 else []
-    step = timed_ops(workload.optimizer, tensors, device, 0)
+    cache = op_times().setdefault(device, {})
+    first = timed_ops(workload.first_microbatch, tensors, device, 0, cache)
+    later = timed_ops(workload.later_microbatch, tensors, device, 0, cache) if accumulation_steps > 1 else []
+    step = timed_ops(workload.optimizer, tensors, device, 0, cache)
     total = warmup_iterations + iterations
     for it in range(total):
         if it == warmup_iterations:

@@ -117,3 +117,61 @@ class Op:
     host_frees: tuple[int, ...] = ()    # TRANSFER: host tensors freed at its end
     placement: str = ""            # one of PLACEMENTS: where the op runs relative to the compute stream
     tensors: int = 1               # tensors one call walks (a multi-tensor optimizer kernel: all of them): host work
+
+
+# Constructors for the builders' hot path (workload/replay.py emits every op and tensor of an iteration): the same
+# values as Op(...) and Tensor(...), built without the frozen dataclasses' per-field object.__setattr__ (~6x
+# cheaper for an Op). A twin class of the same slot layout is filled, then made an Op (or Tensor) by assigning
+# `__class__` (as parallel/program.py's constructors do). tests/test_fast_graph.py compares them field by field.
+class _OpSlots:
+    __slots__ = Op.__slots__
+
+
+class _TensorSlots:
+    __slots__ = Tensor.__slots__
+
+
+def new_op(name: str, op_class: str, phase: str, flops: float, bytes_read: int, bytes_written: int, dtype: str,
+           gemm_mnk: tuple[int, int, int] | None, gemm_batch: int, inputs: tuple[int, ...], outputs: tuple[int, ...],
+           allocs: tuple[int, ...], frees: tuple[int, ...], layer: int, microbatch: int) -> Op:
+    """Op(name, op_class, ..., layer, microbatch) with every later field at its default, built fast."""
+    op = _OpSlots()
+    op.name = name
+    op.op_class = op_class
+    op.phase = phase
+    op.flops = flops
+    op.bytes_read = bytes_read
+    op.bytes_written = bytes_written
+    op.dtype = dtype
+    op.gemm_mnk = gemm_mnk
+    op.gemm_batch = gemm_batch
+    op.inputs = inputs
+    op.outputs = outputs
+    op.allocs = allocs
+    op.frees = frees
+    op.layer = layer
+    op.microbatch = microbatch
+    op.collective = ""
+    op.group = ""
+    op.comm_bytes = 0
+    op.host_allocs = ()
+    op.host_frees = ()
+    op.placement = ""
+    op.tensors = 1
+    op.__class__ = Op
+    return op
+
+
+def new_tensor(id: int, name: str, nbytes: int, category: str, dtype: str, shape: tuple[int, ...],
+               persistent: bool = False) -> Tensor:
+    """Tensor(id, name, nbytes, category, dtype, shape, persistent), built fast."""
+    tensor = _TensorSlots()
+    tensor.id = id
+    tensor.name = name
+    tensor.nbytes = nbytes
+    tensor.category = category
+    tensor.dtype = dtype
+    tensor.shape = shape
+    tensor.persistent = persistent
+    tensor.__class__ = Tensor
+    return tensor
