@@ -17,6 +17,7 @@ from simulator.scenario import scenario_from_dict
 from simulator.scenario_shape import model_shape
 from simulator.topology import resolve_cluster
 from simulator.workload.graph import Op, Tensor, new_op, new_tensor
+from simulator.workload.tape import Ref, _new_ref
 from simulator.workload.training import build_iteration
 
 ids = st.lists(st.integers(0, 10**6), max_size=4).map(tuple)
@@ -104,3 +105,12 @@ def test_the_op_times_are_bounded(monkeypatch):
     assert lower.op_times() == {}                      # ... the next asks for it empty ...
     again = lower_single_rank(workload, device, 1, 1, recipe.accumulation_steps)
     assert again == first                              # ... and gets the same times
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**9), st.lists(st.integers(1, 10**4), max_size=4).map(tuple), names)
+def test_new_ref_is_the_ref_the_constructor_makes(tid, shape, dtype):
+    made, fast = Ref(tid, shape, dtype), _new_ref(tid, shape, dtype)
+    assert type(fast) is Ref and fast == made and hash(fast) == hash(made) and repr(fast) == repr(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.id = 0

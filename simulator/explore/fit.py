@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -385,11 +386,10 @@ def _simulated(source: str, overrides: Sequence[str], verify: int, executor,
             candidates.append((change, candidate))
         if size == 1:
             valid_singles = [change for change, _ in candidates]
-        chosen: list[Change] = []
-        choice = _choose(candidates, verify, caches) if candidates else iter(())
-        # list(): `chosen` is filled as the executor draws the jobs, so every job is drawn before pairing
-        outcomes = list(executor.map(_simulate, _jobs(choice, chosen, document, source, overrides)))
-        for change, outcome in zip(chosen, outcomes):
+        def job(change: Change) -> tuple[dict, str, list[str]]:
+            return document, source, [*overrides, *change.sets, *_QUIET_RUN]
+
+        for change, outcome in _round(executor, candidates, verify, caches, job):
             if isinstance(outcome, dict):
                 simulated.append((change, outcome))
         if any(report["fits"] for _, report in simulated):
@@ -397,12 +397,75 @@ def _simulated(source: str, overrides: Sequence[str], verify: int, executor,
     return gpus, simulated
 
 
-def _jobs(choice: Iterator[Change], chosen: list[Change], document: dict, source: str,
-          overrides: Sequence[str]) -> Iterator[tuple[dict, str, list[str]]]:
+def _round(executor, candidates: list[tuple[Change, Scenario]], verify: int, caches,
+           job: Callable[[Change], tuple]) -> list[tuple[Change, dict | str]]:
+    """The candidates _choose chooses, each with its outcome (_simulate's), in the order chosen."""
+    from simulator.forked import fork_safe
+
+    if not candidates:
+        return []
+    if isinstance(executor, _Forking) and fork_safe():
+        return _forked_round(candidates, verify, caches, job, executor.processes())
+    chosen: list[Change] = []
+    # list(): `chosen` is filled as the executor draws the jobs, so every job is drawn before pairing
+    outcomes = list(executor.map(_simulate, _jobs(_choose(candidates, verify, caches), chosen, job)))
+    return list(zip(chosen, outcomes))
+
+
+def _jobs(choice: Iterator[Change], chosen: list[Change], job: Callable[[Change], tuple]) -> Iterator[tuple]:
     """_simulate's job for each candidate as it is chosen (listed in `chosen`)."""
     for change in choice:
         chosen.append(change)
-        yield document, source, [*overrides, *change.sets, *_QUIET_RUN]
+        yield job(change)
+
+
+def _replayed_simulation(scenario: Scenario, job: tuple, caches) -> tuple[bool, dict | str | None]:
+    """(whether the estimate with the allocator replay says the candidate fits, its _simulate outcome if so)."""
+    from simulator.explore.estimate import estimate_reports
+
+    report = estimate_reports([scenario], errors="return", caches=caches)[0]
+    return (True, _simulate(job)) if report["fits"] else (False, None)
+
+
+def _forked_round(candidates: list[tuple[Change, Scenario]], verify: int, caches, job: Callable[[Change], tuple],
+                  processes: int) -> list[tuple[Change, dict | str]]:
+    """_round where forking is safe: the replay of each candidate that may fit runs in a forked child, which goes on
+    to simulate it where it fits, so the replays run side by side and each simulation starts without waiting for
+    the next candidate's replay. Children start cheapest first, only while those started and not rejected by their
+    replay are fewer than _keep's count, and are read in that order: the replays are of the prefix of the ranking
+    _choose replays, and the candidates simulated, in their order, are those it chooses (tests/test_fit_choice.py)."""
+    from simulator.explore.estimate import estimate_reports
+    from simulator.forked import Forked, Unanswered, fork_map
+
+    estimates = estimate_reports([scenario for _, scenario in candidates], errors="return", caches=caches,
+                                 replay=False)
+    may_fit, unknown = _ranked(candidates, estimates)
+    keep = _keep(verify, len(unknown))
+    ranking = iter(may_fit)
+    running: deque = deque()
+    out: list[tuple[Change, dict | str]] = []
+    try:
+        while True:
+            while len(out) + len(running) < keep and len(running) < processes:
+                index, change = next(ranking, (None, None))
+                if change is None:
+                    break
+                args = (candidates[index][1], job(change), caches)
+                running.append((change, args, Forked(_replayed_simulation, *args)))
+            if not running:
+                break
+            change, args, child = running.popleft()
+            try:
+                fits, outcome = child.result()
+            except Unanswered:
+                fits, outcome = _replayed_simulation(*args)      # computed here (an error is raised here)
+            if fits:
+                out.append((change, outcome))
+    finally:
+        for *_, child in running:
+            child.cancel()
+    rest = unknown[:verify - len(out)]
+    return out + list(zip(rest, fork_map(_simulate, [job(change) for change in rest], processes)))
 
 
 def _entries(gpus: int, simulated: list[tuple[Change, dict]], original: dict) -> list[dict]:
@@ -418,10 +481,15 @@ class _Forking:
     """Simulates the candidates of a round side by side (simulator/forked.py): one process per core and one more,
     as the run's own process only waits meanwhile (3 candidates on 2 cores: 1.5 simulations' time, not 2)."""
 
-    def map(self, fn: Callable, items: Iterable) -> list:
-        from simulator.forked import cores, fork_map
+    def processes(self) -> int:
+        from simulator.forked import cores
 
-        return fork_map(fn, items, min(cores() + 1, MAX_SIDE_BY_SIDE))
+        return min(cores() + 1, MAX_SIDE_BY_SIDE)
+
+    def map(self, fn: Callable, items: Iterable) -> list:
+        from simulator.forked import fork_map
+
+        return fork_map(fn, items, self.processes())
 
 
 def _speculate(source: str, overrides: Sequence[str], verify: int):

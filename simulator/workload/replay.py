@@ -329,7 +329,9 @@ class Replay:
                 for index, g in produced:
                     self._receive_grad(node.inputs[index], g, frees, trail)
             inputs = [g for g in grad_out if g is not None]
-            inputs += [dequantized.get(self._mem(r.id), self._mem(r.id)) for r in node.saved]
+            for ref in node.saved:
+                tid = self._mem(ref.id)
+                inputs.append(dequantized.get(tid, tid))
             self._emit(f"{node.name}.{kernel.suffix}", kernel.op_class, kernel.phase,
                        flops=kernel.flops, bytes_read=kernel.bytes_read,
                        bytes_written=kernel.bytes_written, dtype=kernel.dtype,
@@ -345,6 +347,8 @@ class Replay:
     def _dequantize(self, node: _Node) -> dict[int, int]:
         """Unpack a node's int8-compressed saved tensors into temporaries for its backward."""
         temps: dict[int, int] = {}    # activation id -> its dequantized temporary
+        if not self.packed:
+            return temps                      # nothing compressed (yet)
         for ref in node.saved:
             packed = self.packed.get(self._mem(ref.id))
             if packed is None or self.unpacked[packed] in temps:

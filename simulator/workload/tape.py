@@ -45,6 +45,21 @@ class Ref:
         return numel(self.shape) * DTYPE_BYTES[self.dtype]
 
 
+class _RefSlots:
+    __slots__ = Ref.__slots__
+
+
+def _new_ref(id: int, shape: tuple[int, ...], dtype: str) -> Ref:
+    """Ref(id, shape, dtype) without the frozen dataclass's per-field setattr (a twin of its slot layout made a Ref
+    by assigning `__class__`, as workload/graph.py new_op): a builder makes one per tensor it records."""
+    ref = _RefSlots()
+    ref.id = id
+    ref.shape = shape
+    ref.dtype = dtype
+    ref.__class__ = Ref
+    return ref
+
+
 @dataclass(frozen=True)
 class Grad:
     """A gradient a backward kernel produces for input `index` of its node.
@@ -158,7 +173,7 @@ class Tape:
             else requires_grad
         out_refs = []
         for out_name, shape, out_dtype in outputs:
-            ref = Ref(self._next_id, tuple(shape), out_dtype)
+            ref = _new_ref(self._next_id, tuple(shape), out_dtype)
             self._next_id += 1
             self._storages[ref.id] = _Storage(ref, out_name, category, grad_flows and bool(backward),
                                               producer=index, last_forward_use=index)
