@@ -88,17 +88,29 @@ def _zero(s: Scenario, gpus: int) -> list[Change]:
 def _one_gpu_topology(s: Scenario) -> str | None:
     """A bundled one-GPU topology (host memory, PCIe, drives) of the scenario's device, for offload on one card."""
     from simulator.hardware.catalog import get_device
-    from simulator.network.topology import list_topologies, load_topology
 
     try:
         get_device(s.cluster.topology)
     except MemsimError:
         return s.cluster.topology          # already a topology: offload runs there
-    for name in list_topologies():
-        topology = load_topology(name)
+    for name, topology in _bundled_topologies():
         if topology.num_gpus == 1 and topology.gpu_device.name == s.cluster.topology:
             return name
     return None
+
+
+_loaded_topologies: list | None = None
+
+
+def _bundled_topologies() -> list:
+    """(name, Topology) of every bundled topology, each file read once per single_changes call (two generators
+    look through them)."""
+    global _loaded_topologies
+    if _loaded_topologies is None:
+        from simulator.network.topology import list_topologies, load_topology
+
+        _loaded_topologies = [(name, load_topology(name)) for name in list_topologies()]
+    return _loaded_topologies
 
 
 def _offload(s: Scenario, gpus: int) -> list[Change]:
@@ -160,13 +172,10 @@ def _host_embeddings(s: Scenario, gpus: int) -> list[Change]:
 def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
     """More GPUs of the same kind: a node of the same device for a one-card job (tensor parallelism across it, or
     ZeRO-3 data parallelism), twice the nodes for a cluster job (dp doubled, its states sharded)."""
-    from simulator.network.topology import list_topologies, load_topology
-
     p, t = s.parallel, s.training
     changes = []
     if gpus == 1:
-        for name in list_topologies():
-            topology = load_topology(name)
+        for name, topology in _bundled_topologies():
             if topology.num_gpus < 2 or topology.gpu_device.name != s.cluster.topology:
                 continue
             n = topology.num_gpus
@@ -198,7 +207,11 @@ cannot rank them: a DLRM's host tables first, as they are what frees its GPU).""
 
 def single_changes(scenario: Scenario, gpus: int) -> list[Change]:
     """Every one-axis change to `scenario` (running on `gpus` GPUs) that the generators propose."""
-    return [change for generate in GENERATORS for change in generate(scenario, gpus)]
+    global _loaded_topologies
+    try:
+        return [change for generate in GENERATORS for change in generate(scenario, gpus)]
+    finally:
+        _loaded_topologies = None          # read again by the next call (a file may have changed meanwhile)
 
 
 def _combine(changes: Sequence[Change], size: int) -> list[Change]:
