@@ -16,7 +16,7 @@ from simulator.parallel.program import Run
 from simulator.scenario import scenario_from_dict
 from simulator.scenario_shape import model_shape
 from simulator.topology import resolve_cluster
-from simulator.workload.graph import Op, Tensor, new_op, new_tensor
+from simulator.workload.graph import Op, Tensor, new_op, new_tensor, slot_constructor
 from simulator.workload.tape import Ref, _new_ref
 from simulator.workload.training import build_iteration
 
@@ -114,3 +114,10 @@ def test_new_ref_is_the_ref_the_constructor_makes(tid, shape, dtype):
     assert type(fast) is Ref and fast == made and hash(fast) == hash(made) and repr(fast) == repr(made)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.id = 0
+
+
+def test_a_slot_constructor_takes_only_leading_fields():
+    with pytest.raises(TypeError):
+        slot_constructor(Op, ("op_class", "name"))         # not Op's first fields
+    with pytest.raises(TypeError):
+        slot_constructor(Op, ("name",))                     # op_class and phase have no default

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 # Memory categories reported per rank (DESIGN.md's breakdown_at_peak keys).
 PARAMETERS = "parameters"
@@ -119,59 +121,26 @@ class Op:
     tensors: int = 1               # tensors one call walks (a multi-tensor optimizer kernel: all of them): host work
 
 
-# Constructors for the builders' hot path (workload/replay.py emits every op and tensor of an iteration): the same
-# values as Op(...) and Tensor(...), built without the frozen dataclasses' per-field object.__setattr__ (~6x
-# cheaper for an Op). A twin class of the same slot layout is filled, then made an Op (or Tensor) by assigning
-# `__class__` (as parallel/program.py's constructors do). tests/test_fast_graph.py compares them field by field.
-class _OpSlots:
-    __slots__ = Op.__slots__
+
+def slot_constructor(cls: type, names: tuple[str, ...]) -> Callable:
+    """A function of `names` (the first fields of the frozen, slotted dataclass `cls`, in order) that returns
+    cls(*values) with every later field at its default, without the frozen dataclass's per-field
+    object.__setattr__ (~6x cheaper for an Op): a twin class of cls's slot layout is filled, then made a `cls` by
+    assigning `__class__` (as parallel/program.py's constructors do). For the builders' hot path: the replay makes
+    every op and tensor of an iteration (tests/test_fast_graph.py compares the values field by field)."""
+    fields = dataclasses.fields(cls)
+    if tuple(f.name for f in fields[:len(names)]) != names or any(
+            f.default is dataclasses.MISSING for f in fields[len(names):]):
+        raise TypeError(f"{cls.__name__}: {names} are not its first fields, or a later one has no plain default")
+    namespace = {"_twin": type(f"_{cls.__name__}Slots", (), {"__slots__": cls.__slots__}), "_cls": cls}
+    namespace.update({f"_default_{f.name}": f.default for f in fields[len(names):]})
+    body = [f"    made.{f.name} = {f.name if f.name in names else '_default_' + f.name}" for f in fields]
+    exec("\n".join([f"def make({', '.join(names)}):", "    made = _twin()", *body, "    made.__class__ = _cls",
+                    "    return made"]), namespace)
+    return namespace["make"]
 
 
-class _TensorSlots:
-    __slots__ = Tensor.__slots__
-
-
-def new_op(name: str, op_class: str, phase: str, flops: float, bytes_read: int, bytes_written: int, dtype: str,
-           gemm_mnk: tuple[int, int, int] | None, gemm_batch: int, inputs: tuple[int, ...], outputs: tuple[int, ...],
-           allocs: tuple[int, ...], frees: tuple[int, ...], layer: int, microbatch: int) -> Op:
-    """Op(name, op_class, ..., layer, microbatch) with every later field at its default, built fast."""
-    op = _OpSlots()
-    op.name = name
-    op.op_class = op_class
-    op.phase = phase
-    op.flops = flops
-    op.bytes_read = bytes_read
-    op.bytes_written = bytes_written
-    op.dtype = dtype
-    op.gemm_mnk = gemm_mnk
-    op.gemm_batch = gemm_batch
-    op.inputs = inputs
-    op.outputs = outputs
-    op.allocs = allocs
-    op.frees = frees
-    op.layer = layer
-    op.microbatch = microbatch
-    op.collective = ""
-    op.group = ""
-    op.comm_bytes = 0
-    op.host_allocs = ()
-    op.host_frees = ()
-    op.placement = ""
-    op.tensors = 1
-    op.__class__ = Op
-    return op
-
-
-def new_tensor(id: int, name: str, nbytes: int, category: str, dtype: str, shape: tuple[int, ...],
-               persistent: bool = False) -> Tensor:
-    """Tensor(id, name, nbytes, category, dtype, shape, persistent), built fast."""
-    tensor = _TensorSlots()
-    tensor.id = id
-    tensor.name = name
-    tensor.nbytes = nbytes
-    tensor.category = category
-    tensor.dtype = dtype
-    tensor.shape = shape
-    tensor.persistent = persistent
-    tensor.__class__ = Tensor
-    return tensor
+new_op = slot_constructor(Op, ("name", "op_class", "phase", "flops", "bytes_read", "bytes_written", "dtype",
+                               "gemm_mnk", "gemm_batch", "inputs", "outputs", "allocs", "frees", "layer",
+                               "microbatch"))
+new_tensor = slot_constructor(Tensor, tuple(f.name for f in dataclasses.fields(Tensor)))

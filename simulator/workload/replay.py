@@ -71,7 +71,7 @@ class Replay:
 
     # -- helpers
     def _tensor(self, tid: int, name: str, shape: tuple[int, ...], dtype: str, category: str) -> Tensor:
-        tensor = new_tensor(tid, name, numel(shape) * DTYPE_BYTES[dtype], category, dtype, shape)
+        tensor = new_tensor(tid, name, numel(shape) * DTYPE_BYTES[dtype], category, dtype, shape, False)
         self.tensors[tid] = tensor
         return tensor
 
@@ -239,7 +239,7 @@ class Replay:
             clone = self._new_id()
             source = self.tensors[buffered]
             self.tensors[clone] = new_tensor(clone, source.name, source.nbytes, GRADIENTS, source.dtype,
-                                             source.shape)
+                                             source.shape, False)
             trail.allocs.append(clone)
             self._dec(buffered, trail.frees)
             self.policy.became_grad(target, self.tensors[clone])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simulator.workload.graph import ACTIVATIONS, BACKWARD_INPUT, DTYPE_BYTES, OTHER, Op, Tensor
+from simulator.workload.graph import ACTIVATIONS, BACKWARD_INPUT, DTYPE_BYTES, OTHER, Op, Tensor, slot_constructor
 
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
@@ -45,19 +45,8 @@ class Ref:
         return numel(self.shape) * DTYPE_BYTES[self.dtype]
 
 
-class _RefSlots:
-    __slots__ = Ref.__slots__
-
-
-def _new_ref(id: int, shape: tuple[int, ...], dtype: str) -> Ref:
-    """Ref(id, shape, dtype) without the frozen dataclass's per-field setattr (a twin of its slot layout made a Ref
-    by assigning `__class__`, as workload/graph.py new_op): a builder makes one per tensor it records."""
-    ref = _RefSlots()
-    ref.id = id
-    ref.shape = shape
-    ref.dtype = dtype
-    ref.__class__ = Ref
-    return ref
+# Ref(id, shape, dtype) built fast (workload/graph.py slot_constructor): a builder makes one per tensor it records.
+_new_ref = slot_constructor(Ref, ("id", "shape", "dtype"))
 
 
 @dataclass(frozen=True)
