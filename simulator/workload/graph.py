@@ -121,7 +121,6 @@ class Op:
     tensors: int = 1               # tensors one call walks (a multi-tensor optimizer kernel: all of them): host work
 
 
-
 def slot_constructor(cls: type, names: tuple[str, ...]) -> Callable:
     """A function of `names` (the first fields of the frozen, slotted dataclass `cls`, in order) that returns
     cls(*values) with every later field at its default, without the frozen dataclass's per-field
