@@ -106,11 +106,12 @@ def _bundled_topologies() -> list:
     """(name, Topology) of every bundled topology, each file read once per single_changes call (two generators
     look through them)."""
     global _loaded_topologies
-    if _loaded_topologies is None:
+    loaded = _loaded_topologies           # a local: another thread's single_changes may reset the global meanwhile
+    if loaded is None:
         from simulator.network.topology import list_topologies, load_topology
 
-        _loaded_topologies = [(name, load_topology(name)) for name in list_topologies()]
-    return _loaded_topologies
+        loaded = _loaded_topologies = [(name, load_topology(name)) for name in list_topologies()]
+    return loaded
 
 
 def _offload(s: Scenario, gpus: int) -> list[Change]:

@@ -19,7 +19,8 @@ def op_times() -> dict[DeviceSpec, dict[tuple, float]]:
     """This process's op times (device -> timed_ops' cache), shared by every lowering of one rank and by whoever is
     handed it (explore/fit.py's estimates, whose times its forked simulations inherit). An op's time is a pure
     function of its signature and the device (hardware/cost.py), so a time kept is the time recomputed."""
-    if len(_op_times) + sum(len(times) for times in _op_times.values()) > OP_TIMES_KEPT:
+    # list(): a copy taken at once, as lowerings in other threads (an executor's) may add a device meanwhile
+    if len(_op_times) + sum(len(times) for times in list(_op_times.values())) > OP_TIMES_KEPT:
         _op_times.clear()          # in place: whoever holds the mapping goes on with it
     return _op_times
 
