@@ -25,13 +25,6 @@ def op_times() -> dict[DeviceSpec, dict[tuple, float]]:
     return _op_times
 
 
-def _signature(op: Op, hits: int) -> tuple:
-    """What op_time_s reads of an op (everything but its name, which only its errors show, tensor ids, layer and
-    micro-batch) and its L2 hits: the ops of equal pipeline stages share their times."""
-    return (op.op_class, op.phase, op.flops, op.bytes_read, op.bytes_written, op.dtype, op.gemm_mnk, op.gemm_batch,
-            hits)
-
-
 def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
               iteration: int, cache: dict[tuple, float] | None = None) -> list[Run]:
     """Cost each op on `device`; an input the previous op just wrote is read from L2 if it fits.
@@ -49,25 +42,39 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
     """
     runs: list[Run] = []
     previous_outputs: dict[int, int] = {}
+    produced = 0                      # their bytes
     l2 = device.l2_bytes
+    untimed = (COLLECTIVE, *OFFLOAD_CLASSES)
     for op in ops:
         hits = 0
-        if previous_outputs:
-            produced = sum(previous_outputs.values())
-            if produced <= l2:
-                hits = sum(previous_outputs.get(tid, 0) for tid in op.inputs)
-                hits = min(hits, op.bytes_read)
-        if op.op_class == COLLECTIVE or op.op_class in OFFLOAD_CLASSES:
+        if previous_outputs and produced <= l2:
+            get = previous_outputs.get
+            for tid in op.inputs:
+                hits += get(tid, 0)
+            if hits > op.bytes_read:
+                hits = op.bytes_read
+        if op.op_class in untimed:
             duration_s = 0.0          # timed by the network model (collectives, offload traffic and host work)
         elif cache is None:
             duration_s = op_time_s(op, device, hits)
         else:
-            key = _signature(op, hits)
+            # what op_time_s reads of an op (all but its name, which only its errors show, tensor ids, layer and
+            # micro-batch) and its L2 hits: the ops of equal layers and pipeline stages share their times
+            key = (op.op_class, op.phase, op.flops, op.bytes_read, op.bytes_written, op.dtype, op.gemm_mnk,
+                   op.gemm_batch, hits)
             duration_s = cache.get(key)
             if duration_s is None:
                 duration_s = cache[key] = op_time_s(op, device, hits)
         runs.append(Run(op, duration_s, iteration))
-        previous_outputs = {tid: tensors[tid].nbytes for tid in op.outputs if tid in tensors}
+        outputs = op.outputs
+        if len(outputs) == 1:         # most ops: one output
+            tid = outputs[0]
+            tensor = tensors.get(tid)
+            previous_outputs = {tid: tensor.nbytes} if tensor is not None else {}
+            produced = tensor.nbytes if tensor is not None else 0
+        else:
+            previous_outputs = {tid: tensors[tid].nbytes for tid in outputs if tid in tensors}
+            produced = sum(previous_outputs.values())
     return host_issued(runs, device)
 
 
