@@ -10,7 +10,9 @@ import pytest
 from simulator.api import check_scenario
 from simulator.errors import MemsimError
 from simulator.explore.estimate import estimate_reports
-from simulator.explore.fit import _chosen, _keep, _ranked, single_changes
+from simulator.explore import fit
+from simulator.explore.fit import _caches, _chosen, _forked_round, _keep, _ranked, single_changes
+from simulator.forked import fork_safe
 from simulator.scenario import load_scenario
 from simulator.scenario.loader import read_scenario_document, scenario_from_dict
 
@@ -52,3 +54,24 @@ def test_lazy_replay_chooses_what_replaying_every_candidate_chooses(path, sets, 
                for a, r in zip(allocated, estimates)) or path.name != "showcase.toml"
     for verify in verifies:
         assert _chosen(candidates, verify) == _chosen_replaying_all(candidates, verify, estimates), verify
+
+
+@pytest.mark.skipif(not fork_safe(), reason="forking is not safe here")
+@pytest.mark.parametrize("path, sets, verifies", [
+    (REPO / "scenarios" / "showcase.toml", ["model.seq_length=3584"], (1, 3, 99)),
+    (REPO / "scenarios" / "seeds" / "llama7b-adamw-4090.toml", [], (3,)),
+])
+def test_replays_in_forked_children_choose_what_the_lazy_replay_chooses(path, sets, verifies, monkeypatch):
+    # a stand-in simulation (the job's --set items): what is compared is which candidates are simulated, in order
+    monkeypatch.setattr(fit, "_simulate", lambda job: list(job[2]))
+    candidates = _candidates(path, sets)
+
+    def job(change):
+        return {}, str(path), [*change.sets]
+
+    for verify in verifies:
+        expected = _chosen(candidates, verify)
+        for processes in (1, 2, 4):
+            round_ = _forked_round(candidates, verify, _caches(), job, processes)
+            assert [change for change, _ in round_] == expected, (verify, processes)
+            assert [outcome for _, outcome in round_] == [list(change.sets) for change in expected]

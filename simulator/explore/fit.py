@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -87,17 +88,30 @@ def _zero(s: Scenario, gpus: int) -> list[Change]:
 def _one_gpu_topology(s: Scenario) -> str | None:
     """A bundled one-GPU topology (host memory, PCIe, drives) of the scenario's device, for offload on one card."""
     from simulator.hardware.catalog import get_device
-    from simulator.network.topology import list_topologies, load_topology
 
     try:
         get_device(s.cluster.topology)
     except MemsimError:
         return s.cluster.topology          # already a topology: offload runs there
-    for name in list_topologies():
-        topology = load_topology(name)
+    for name, topology in _bundled_topologies():
         if topology.num_gpus == 1 and topology.gpu_device.name == s.cluster.topology:
             return name
     return None
+
+
+_loaded_topologies: list | None = None
+
+
+def _bundled_topologies() -> list:
+    """(name, Topology) of every bundled topology, each file read once per single_changes call (two generators
+    look through them)."""
+    global _loaded_topologies
+    loaded = _loaded_topologies           # a local: another thread's single_changes may reset the global meanwhile
+    if loaded is None:
+        from simulator.network.topology import list_topologies, load_topology
+
+        loaded = _loaded_topologies = [(name, load_topology(name)) for name in list_topologies()]
+    return loaded
 
 
 def _offload(s: Scenario, gpus: int) -> list[Change]:
@@ -159,13 +173,10 @@ def _host_embeddings(s: Scenario, gpus: int) -> list[Change]:
 def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
     """More GPUs of the same kind: a node of the same device for a one-card job (tensor parallelism across it, or
     ZeRO-3 data parallelism), twice the nodes for a cluster job (dp doubled, its states sharded)."""
-    from simulator.network.topology import list_topologies, load_topology
-
     p, t = s.parallel, s.training
     changes = []
     if gpus == 1:
-        for name in list_topologies():
-            topology = load_topology(name)
+        for name, topology in _bundled_topologies():
             if topology.num_gpus < 2 or topology.gpu_device.name != s.cluster.topology:
                 continue
             n = topology.num_gpus
@@ -197,7 +208,11 @@ cannot rank them: a DLRM's host tables first, as they are what frees its GPU).""
 
 def single_changes(scenario: Scenario, gpus: int) -> list[Change]:
     """Every one-axis change to `scenario` (running on `gpus` GPUs) that the generators propose."""
-    return [change for generate in GENERATORS for change in generate(scenario, gpus)]
+    global _loaded_topologies
+    try:
+        return [change for generate in GENERATORS for change in generate(scenario, gpus)]
+    finally:
+        _loaded_topologies = None          # read again by the next call (a file may have changed meanwhile)
 
 
 def _combine(changes: Sequence[Change], size: int) -> list[Change]:
@@ -297,19 +312,18 @@ def _chosen(candidates: list[tuple[Change, Scenario]], verify: int) -> list[Chan
     return list(_choose(candidates, verify))
 
 
-def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[Change]:
+def _choose(candidates: list[tuple[Change, Scenario]], verify: int, caches=None) -> Iterator[Change]:
     """_chosen's list, each candidate as soon as it is known (a caller can simulate it while the next is judged).
 
     Peak allocated first, for all (fast); the allocator replay for peak reserved (most of an estimate's time) then
     runs cheapest first on those that may fit, until enough fit by it. A candidate that does not fit by peak
     allocated does not fit by peak reserved (reserved >= allocated), and the cost, the activations and what the
     estimate leaves out do not depend on the replay: the candidates chosen are those a replay of every one gives
-    (tests/test_fit_choice.py).
+    (tests/test_fit_choice.py). `caches`: the estimate's (_caches), shared with earlier rounds.
     """
-    from simulator.explore.assemble import Caches
     from simulator.explore.estimate import estimate_reports, replayed_until_fit
 
-    caches = Caches()
+    caches = _caches() if caches is None else caches
     scenarios = [scenario for _, scenario in candidates]
     estimates = estimate_reports(scenarios, errors="return", caches=caches, replay=False)
     may_fit, unknown = _ranked(candidates, estimates)
@@ -320,6 +334,15 @@ def _choose(candidates: list[tuple[Change, Scenario]], verify: int) -> Iterator[
             ranked += 1
             yield change
     yield from unknown[:verify - ranked]
+
+
+def _caches():
+    """Estimate caches whose op times are this process's (parallel/lower.py op_times): the candidates' simulations,
+    forked from here after their estimates, find the times of the ops their lowering shares with the profiles."""
+    from simulator.explore.assemble import Caches
+    from simulator.parallel.lower import op_times
+
+    return Caches(op_times=op_times())
 
 
 def what_would_fit(scenario: Scenario | str | os.PathLike, overrides: Sequence[str], original: dict, *,
@@ -350,10 +373,14 @@ def _source(scenario: Scenario | str | os.PathLike) -> str:
     return os.fspath(scenario if isinstance(scenario, (str, os.PathLike)) else scenario.source)
 
 
-def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> tuple[int, list[tuple[Change, dict]]]:
+def _simulated(source: str, overrides: Sequence[str], verify: int, executor,
+               caches=None) -> tuple[int, list[tuple[Change, dict]]]:
     """What what_would_fit simulates, round by round until a candidate fits: (the job's GPUs, [(change, report)]).
-    The executor is handed the candidates as they are chosen (a forking one starts each at once)."""
+    The executor is handed the candidates as they are chosen (a forking one starts each at once). `caches`: the
+    estimate caches to use (exact memos: the same choice with any), one set for all rounds."""
     from simulator.api import check_scenario
+
+    caches = _caches() if caches is None else caches
 
     document = read_scenario_document(source)
     base = scenario_from_dict(document, source, list(overrides))
@@ -373,11 +400,10 @@ def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> 
             candidates.append((change, candidate))
         if size == 1:
             valid_singles = [change for change, _ in candidates]
-        chosen: list[Change] = []
-        choice = _choose(candidates, verify) if candidates else iter(())
-        # list(): `chosen` is filled as the executor draws the jobs, so every job is drawn before pairing
-        outcomes = list(executor.map(_simulate, _jobs(choice, chosen, document, source, overrides)))
-        for change, outcome in zip(chosen, outcomes):
+        def job(change: Change) -> tuple[dict, str, list[str]]:
+            return document, source, [*overrides, *change.sets, *_QUIET_RUN]
+
+        for change, outcome in _round(executor, candidates, verify, caches, job):
             if isinstance(outcome, dict):
                 simulated.append((change, outcome))
         if any(report["fits"] for _, report in simulated):
@@ -385,12 +411,75 @@ def _simulated(source: str, overrides: Sequence[str], verify: int, executor) -> 
     return gpus, simulated
 
 
-def _jobs(choice: Iterator[Change], chosen: list[Change], document: dict, source: str,
-          overrides: Sequence[str]) -> Iterator[tuple[dict, str, list[str]]]:
+def _round(executor, candidates: list[tuple[Change, Scenario]], verify: int, caches,
+           job: Callable[[Change], tuple]) -> list[tuple[Change, dict | str]]:
+    """The candidates _choose chooses, each with its outcome (_simulate's), in the order chosen."""
+    from simulator.forked import fork_safe
+
+    if not candidates:
+        return []
+    if isinstance(executor, _Forking) and fork_safe():
+        return _forked_round(candidates, verify, caches, job, executor.processes())
+    chosen: list[Change] = []
+    # list(): `chosen` is filled as the executor draws the jobs, so every job is drawn before pairing
+    outcomes = list(executor.map(_simulate, _jobs(_choose(candidates, verify, caches), chosen, job)))
+    return list(zip(chosen, outcomes))
+
+
+def _jobs(choice: Iterator[Change], chosen: list[Change], job: Callable[[Change], tuple]) -> Iterator[tuple]:
     """_simulate's job for each candidate as it is chosen (listed in `chosen`)."""
     for change in choice:
         chosen.append(change)
-        yield document, source, [*overrides, *change.sets, *_QUIET_RUN]
+        yield job(change)
+
+
+def _replayed_simulation(scenario: Scenario, job: tuple, caches) -> tuple[bool, dict | str | None]:
+    """(whether the estimate with the allocator replay says the candidate fits, its _simulate outcome if so)."""
+    from simulator.explore.estimate import estimate_reports
+
+    report = estimate_reports([scenario], errors="return", caches=caches)[0]
+    return (True, _simulate(job)) if report["fits"] else (False, None)
+
+
+def _forked_round(candidates: list[tuple[Change, Scenario]], verify: int, caches, job: Callable[[Change], tuple],
+                  processes: int) -> list[tuple[Change, dict | str]]:
+    """_round where forking is safe: the replay of each candidate that may fit runs in a forked child, which goes on
+    to simulate it where it fits, so the replays run side by side and each simulation starts without waiting for
+    the next candidate's replay. Children start cheapest first, only while those started and not rejected by their
+    replay are fewer than _keep's count, and are read in that order: the replays are of the prefix of the ranking
+    _choose replays, and the candidates simulated, in their order, are those it chooses (tests/test_fit_choice.py)."""
+    from simulator.explore.estimate import estimate_reports
+    from simulator.forked import Forked, Unanswered, fork_map
+
+    estimates = estimate_reports([scenario for _, scenario in candidates], errors="return", caches=caches,
+                                 replay=False)
+    may_fit, unknown = _ranked(candidates, estimates)
+    keep = _keep(verify, len(unknown))
+    ranking = iter(may_fit)
+    running: deque = deque()
+    out: list[tuple[Change, dict | str]] = []
+    try:
+        while True:
+            while len(out) + len(running) < keep and len(running) < processes:
+                index, change = next(ranking, (None, None))
+                if change is None:
+                    break
+                args = (candidates[index][1], job(change), caches)
+                running.append((change, args, Forked(_replayed_simulation, *args)))
+            if not running:
+                break
+            change, args, child = running.popleft()
+            try:
+                fits, outcome = child.result()
+            except Unanswered:
+                fits, outcome = _replayed_simulation(*args)      # computed here (an error is raised here)
+            if fits:
+                out.append((change, outcome))
+    finally:
+        for *_, child in running:
+            child.cancel()
+    rest = unknown[:verify - len(out)]
+    return out + list(zip(rest, fork_map(_simulate, [job(change) for change in rest], processes)))
 
 
 def _entries(gpus: int, simulated: list[tuple[Change, dict]], original: dict) -> list[dict]:
@@ -406,10 +495,15 @@ class _Forking:
     """Simulates the candidates of a round side by side (simulator/forked.py): one process per core and one more,
     as the run's own process only waits meanwhile (3 candidates on 2 cores: 1.5 simulations' time, not 2)."""
 
-    def map(self, fn: Callable, items: Iterable) -> list:
-        from simulator.forked import cores, fork_map
+    def processes(self) -> int:
+        from simulator.forked import cores
 
-        return fork_map(fn, items, min(cores() + 1, MAX_SIDE_BY_SIDE))
+        return min(cores() + 1, MAX_SIDE_BY_SIDE)
+
+    def map(self, fn: Callable, items: Iterable) -> list:
+        from simulator.forked import fork_map
+
+        return fork_map(fn, items, self.processes())
 
 
 def _speculate(source: str, overrides: Sequence[str], verify: int):
@@ -419,10 +513,11 @@ def _speculate(source: str, overrides: Sequence[str], verify: int):
     from simulator.explore.estimate import estimate_reports
 
     base = scenario_from_dict(read_scenario_document(source), source, list(overrides))
-    estimate = estimate_reports([base], errors="return", replay=False)[0]
+    caches = _caches()
+    estimate = estimate_reports([base], errors="return", caches=caches, replay=False)[0]
     if isinstance(estimate, MemsimError) or estimate["fits"]:
         return None
-    return _simulated(source, overrides, verify, _Forking())
+    return _simulated(source, overrides, verify, _Forking(), caches)
 
 
 class PendingAdvice:

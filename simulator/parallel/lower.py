@@ -10,13 +10,19 @@ from simulator.workload.graph import COLLECTIVE, OFFLOAD_CLASSES, Op, Tensor
 from simulator.workload.training import IterationWorkload
 
 COMPUTE = "compute"
+OP_TIMES_KEPT = 1 << 16   # op signatures this process keeps timed (all devices); past it, forgotten and recomputed
+
+_op_times: dict[DeviceSpec, dict[tuple, float]] = {}
 
 
-def _signature(op: Op, hits: int) -> tuple:
-    """What op_time_s reads of an op (everything but its name, which only its errors show, tensor ids, layer and
-    micro-batch) and its L2 hits: the ops of equal pipeline stages share their times."""
-    return (op.op_class, op.phase, op.flops, op.bytes_read, op.bytes_written, op.dtype, op.gemm_mnk, op.gemm_batch,
-            hits)
+def op_times() -> dict[DeviceSpec, dict[tuple, float]]:
+    """This process's op times (device -> timed_ops' cache), shared by every lowering of one rank and by whoever is
+    handed it (explore/fit.py's estimates, whose times its forked simulations inherit). An op's time is a pure
+    function of its signature and the device (hardware/cost.py), so a time kept is the time recomputed."""
+    # list(): a copy taken at once, as lowerings in other threads (an executor's) may add a device meanwhile
+    if len(_op_times) + sum(len(times) for times in list(_op_times.values())) > OP_TIMES_KEPT:
+        _op_times.clear()          # in place: whoever holds the mapping goes on with it
+    return _op_times
 
 
 def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
@@ -36,25 +42,39 @@ def timed_ops(ops: list[Op], tensors: dict[int, Tensor], device: DeviceSpec,
     """
     runs: list[Run] = []
     previous_outputs: dict[int, int] = {}
+    produced = 0                      # their bytes
     l2 = device.l2_bytes
+    untimed = (COLLECTIVE, *OFFLOAD_CLASSES)
     for op in ops:
         hits = 0
-        if previous_outputs:
-            produced = sum(previous_outputs.values())
-            if produced <= l2:
-                hits = sum(previous_outputs.get(tid, 0) for tid in op.inputs)
-                hits = min(hits, op.bytes_read)
-        if op.op_class == COLLECTIVE or op.op_class in OFFLOAD_CLASSES:
+        if previous_outputs and produced <= l2:
+            get = previous_outputs.get
+            for tid in op.inputs:
+                hits += get(tid, 0)
+            if hits > op.bytes_read:
+                hits = op.bytes_read
+        if op.op_class in untimed:
             duration_s = 0.0          # timed by the network model (collectives, offload traffic and host work)
         elif cache is None:
             duration_s = op_time_s(op, device, hits)
         else:
-            key = _signature(op, hits)
+            # what op_time_s reads of an op (all but its name, which only its errors show, tensor ids, layer and
+            # micro-batch) and its L2 hits: the ops of equal layers and pipeline stages share their times
+            key = (op.op_class, op.phase, op.flops, op.bytes_read, op.bytes_written, op.dtype, op.gemm_mnk,
+                   op.gemm_batch, hits)
             duration_s = cache.get(key)
             if duration_s is None:
                 duration_s = cache[key] = op_time_s(op, device, hits)
         runs.append(Run(op, duration_s, iteration))
-        previous_outputs = {tid: tensors[tid].nbytes for tid in op.outputs if tid in tensors}
+        outputs = op.outputs
+        if len(outputs) == 1:         # most ops: one output
+            tid = outputs[0]
+            tensor = tensors.get(tid)
+            previous_outputs = {tid: tensor.nbytes} if tensor is not None else {}
+            produced = tensor.nbytes if tensor is not None else 0
+        else:
+            previous_outputs = {tid: tensors[tid].nbytes for tid in outputs if tid in tensors}
+            produced = sum(previous_outputs.values())
     return host_issued(runs, device)
 
 
@@ -70,9 +90,10 @@ def lower_single_rank(workload: IterationWorkload, device: DeviceSpec, warmup_it
     host = workload.host
     if host is not None and host.persistent:
         program.append(HostAlloc(host.persistent, "offload set-up"))
-    first = timed_ops(workload.first_microbatch, tensors, device, 0)
-    later = timed_ops(workload.later_microbatch, tensors, device, 0) if accumulation_steps > 1 else []
-    step = timed_ops(workload.optimizer, tensors, device, 0)
+    cache = op_times().setdefault(device, {})
+    first = timed_ops(workload.first_microbatch, tensors, device, 0, cache)
+    later = timed_ops(workload.later_microbatch, tensors, device, 0, cache) if accumulation_steps > 1 else []
+    step = timed_ops(workload.optimizer, tensors, device, 0, cache)
     total = warmup_iterations + iterations
     for it in range(total):
         if it == warmup_iterations:

@@ -20,6 +20,8 @@ from simulator.workload.graph import (
     DTYPE_BYTES,
     Op,
     Tensor,
+    new_op,
+    new_tensor,
 )
 from simulator.workload.tape import FLOAT_DTYPES, Ref, Tape, _Node, _Region, numel
 
@@ -69,7 +71,7 @@ class Replay:
 
     # -- helpers
     def _tensor(self, tid: int, name: str, shape: tuple[int, ...], dtype: str, category: str) -> Tensor:
-        tensor = Tensor(tid, name, numel(shape) * DTYPE_BYTES[dtype], category, dtype, shape)
+        tensor = new_tensor(tid, name, numel(shape) * DTYPE_BYTES[dtype], category, dtype, shape, False)
         self.tensors[tid] = tensor
         return tensor
 
@@ -81,9 +83,9 @@ class Replay:
     def _emit(self, name: str, op_class: str, phase: str, *, flops: float, bytes_read: int,
               bytes_written: int, dtype: str, gemm_mnk, gemm_batch: int, inputs, outputs,
               allocs, frees, layer: int) -> None:
-        self.ops.append(Op(name, op_class, phase, flops, bytes_read, bytes_written, dtype, gemm_mnk,
-                           gemm_batch, tuple(inputs), tuple(outputs), tuple(allocs), tuple(frees),
-                           layer, self.tape.microbatch))
+        self.ops.append(new_op(name, op_class, phase, flops, bytes_read, bytes_written, dtype, gemm_mnk,
+                               gemm_batch, tuple(inputs), tuple(outputs), tuple(allocs), tuple(frees),
+                               layer, self.tape.microbatch))
 
     def _maybe_free(self, tid: int, frees: list[int]) -> None:
         if tid in self.live and tid not in self.py_alive and self.saved_count.get(tid, 0) == 0:
@@ -236,8 +238,8 @@ class Replay:
         elif self.grad_refs[buffered] > 1:
             clone = self._new_id()
             source = self.tensors[buffered]
-            self.tensors[clone] = Tensor(clone, source.name, source.nbytes, GRADIENTS, source.dtype,
-                                         source.shape)
+            self.tensors[clone] = new_tensor(clone, source.name, source.nbytes, GRADIENTS, source.dtype,
+                                             source.shape, False)
             trail.allocs.append(clone)
             self._dec(buffered, trail.frees)
             self.policy.became_grad(target, self.tensors[clone])
@@ -270,8 +272,8 @@ class Replay:
 
     def _retag(self, tid: int, category: str) -> None:
         old = self.tensors[tid]
-        self.tensors[tid] = Tensor(old.id, old.name, old.nbytes, category, old.dtype, old.shape,
-                                   old.persistent)
+        self.tensors[tid] = new_tensor(old.id, old.name, old.nbytes, category, old.dtype, old.shape,
+                                       old.persistent)
 
     def _backward_node(self, node: _Node) -> None:
         st = self.tape._storages
@@ -327,7 +329,9 @@ class Replay:
                 for index, g in produced:
                     self._receive_grad(node.inputs[index], g, frees, trail)
             inputs = [g for g in grad_out if g is not None]
-            inputs += [dequantized.get(self._mem(r.id), self._mem(r.id)) for r in node.saved]
+            for ref in node.saved:
+                tid = self._mem(ref.id)
+                inputs.append(dequantized.get(tid, tid))
             self._emit(f"{node.name}.{kernel.suffix}", kernel.op_class, kernel.phase,
                        flops=kernel.flops, bytes_read=kernel.bytes_read,
                        bytes_written=kernel.bytes_written, dtype=kernel.dtype,
@@ -343,6 +347,8 @@ class Replay:
     def _dequantize(self, node: _Node) -> dict[int, int]:
         """Unpack a node's int8-compressed saved tensors into temporaries for its backward."""
         temps: dict[int, int] = {}    # activation id -> its dequantized temporary
+        if not self.packed:
+            return temps                      # nothing compressed (yet)
         for ref in node.saved:
             packed = self.packed.get(self._mem(ref.id))
             if packed is None or self.unpacked[packed] in temps:
@@ -447,9 +453,9 @@ class Replay:
 
     def _attach_frees(self, frees: list[int]) -> None:
         last = self.ops[-1]
-        self.ops[-1] = Op(last.name, last.op_class, last.phase, last.flops, last.bytes_read,
-                          last.bytes_written, last.dtype, last.gemm_mnk, last.gemm_batch, last.inputs,
-                          last.outputs, last.allocs, last.frees + tuple(frees), last.layer,
-                          last.microbatch)
+        self.ops[-1] = new_op(last.name, last.op_class, last.phase, last.flops, last.bytes_read,
+                              last.bytes_written, last.dtype, last.gemm_mnk, last.gemm_batch, last.inputs,
+                              last.outputs, last.allocs, last.frees + tuple(frees), last.layer,
+                              last.microbatch)
         for tid in frees:
             self.live.discard(tid)

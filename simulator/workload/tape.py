@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simulator.workload.graph import ACTIVATIONS, BACKWARD_INPUT, DTYPE_BYTES, OTHER, Op, Tensor
+from simulator.workload.graph import ACTIVATIONS, BACKWARD_INPUT, DTYPE_BYTES, OTHER, Op, Tensor, slot_constructor
 
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
@@ -43,6 +43,10 @@ class Ref:
     @property
     def nbytes(self) -> int:
         return numel(self.shape) * DTYPE_BYTES[self.dtype]
+
+
+# Ref(id, shape, dtype) built fast (workload/graph.py slot_constructor): a builder makes one per tensor it records.
+_new_ref = slot_constructor(Ref, ("id", "shape", "dtype"))
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,7 @@ class Tape:
             else requires_grad
         out_refs = []
         for out_name, shape, out_dtype in outputs:
-            ref = Ref(self._next_id, tuple(shape), out_dtype)
+            ref = _new_ref(self._next_id, tuple(shape), out_dtype)
             self._next_id += 1
             self._storages[ref.id] = _Storage(ref, out_name, category, grad_flows and bool(backward),
                                               producer=index, last_forward_use=index)
