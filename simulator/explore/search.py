@@ -177,7 +177,7 @@ def _spread(executor) -> bool:
 def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology: str, nodes: int | None = None,
                  top_k: int = 10, verify: bool = True, executor=None,
                  progress: Callable[[str, int, int], None] | None = None,
-                 axes: Sequence[Axis] = AXES) -> PlanSearch:
+                 axes: Sequence[Axis] = AXES, shortcuts: bool = True) -> PlanSearch:
     """Search the plans of `axes` for the scenario's model and global batch on `gpus` GPUs of `topology`.
 
     Args:
@@ -190,6 +190,9 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
         executor: an object with `map(fn, items)` (e.g. a process pool); default: this process.
         progress: called as progress(phase, done, total) while it works.
         axes: the plan axes (candidates.AXES).
+        shortcuts: a plan whose peak allocated memory does not fit gets its memory numbers only (estimate_reports'
+            memory_first: the same verdict, reason and memory keys, without its times). False: every plan is
+            estimated in full (the same search otherwise; tests/test_plan_spread.py).
 
     Raises:
         MemsimError: an unknown topology, gpus not a multiple of its node, nodes disagreeing, no candidate
@@ -232,7 +235,7 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     estimates: dict[int, object] = {}
     tick = None if progress is None else (lambda done: progress("estimate", done, len(settings_list)))
     for k, outcome in estimate_shares(runner, document, source, fixed, list(enumerate(settings_list)),
-                                      base.training.global_batch_size, caches, tick):
+                                      base.training.global_batch_size, caches, tick, memory_first=shortcuts):
         estimates[k] = outcome
     replaying = time.perf_counter()
     may_fit = sorted((e["iteration_time_s"], k) for k, e in estimates.items()

@@ -45,10 +45,11 @@ def profile_order(settings: Sequence[Settings]) -> list[int]:
 
 def estimate_share(job: tuple, caches: Caches | None = None) -> list[tuple[int, object]]:
     """(k, outcome) for each (k, settings) of a share: the scenario file `document` (from `source`) with `fixed`
-    and the settings as overrides, estimated with replay=False (or with the allocator replay when `replay`), in
-    profile order; an outcome is the report or (INVALID_OUTCOME, the rule). A module-level function so that
-    process-pool and Dask executors can ship it; `caches` default: this worker's own."""
-    document, source, fixed, items, replay = job
+    and the settings as overrides, estimated with replay=False (or with the allocator replay when `replay`;
+    `memory_first`: as estimate_reports takes it), in profile order; an outcome is the report or
+    (INVALID_OUTCOME, the rule). A module-level function so that process-pool and Dask executors can ship it;
+    `caches` default: this worker's own."""
+    document, source, fixed, items, replay, memory_first = job
     if caches is None:
         if not _WORKER_CACHES:
             _WORKER_CACHES.append(Caches())
@@ -62,7 +63,8 @@ def estimate_share(job: tuple, caches: Caches | None = None) -> list[tuple[int, 
             keys.append(index)
         except MemsimError as error:
             out.append((index, (INVALID_OUTCOME, rule(str(error), source))))
-    for index, report in zip(keys, estimate_reports(scenarios, errors="return", caches=caches, replay=replay)):
+    reports = estimate_reports(scenarios, errors="return", caches=caches, replay=replay, memory_first=memory_first)
+    for index, report in zip(keys, reports):
         out.append((index, (INVALID_OUTCOME, rule(str(report), source)) if isinstance(report, MemsimError)
                     else report))
     return out
@@ -92,20 +94,20 @@ def shares(items: Sequence[tuple[int, Settings]], global_batch: int) -> list[lis
 
 
 def estimate_shares(executor, document: dict, source: str, fixed: list[str], items: Sequence[tuple[int, Settings]],
-                    global_batch: int, caches: Caches,
-                    progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, object]]:
+                    global_batch: int, caches: Caches, progress: Callable[[int], None] | None = None,
+                    memory_first: bool = True) -> Iterator[tuple[int, object]]:
     """(k, outcome) for every item (k, settings), in no particular order: one share in this process (with
     `caches`) when the executor runs in this process or has one worker, else one share per (tp, micro-batch)
     over its workers. `progress(done)` after each share."""
     workers = getattr(executor, "workers", 1)
     if executor is None or getattr(executor, "in_process", True) or workers <= 1:
-        outcomes = estimate_share((document, source, fixed, list(items), False), caches)
+        outcomes = estimate_share((document, source, fixed, list(items), False, memory_first), caches)
         if progress is not None:
             progress(len(outcomes))
         yield from outcomes
         return
     done = 0
-    jobs = [(document, source, fixed, share, False) for share in shares(items, global_batch)]
+    jobs = [(document, source, fixed, share, False, memory_first) for share in shares(items, global_batch)]
     for _, outcomes in executor.imap_unordered(estimate_share, jobs):
         done += len(outcomes)
         if progress is not None:
@@ -124,7 +126,7 @@ def replayed_shares(executor, document: dict, source: str, fixed: list[str], ord
     while fitting < enough and at < len(ordered):
         batch = ordered[at:at + max(workers, enough - fitting)]
         at += len(batch)
-        jobs = [(document, source, fixed, [item], True) for item in batch]
+        jobs = [(document, source, fixed, [item], True, False) for item in batch]
         for (index, report), in executor.map(estimate_share, jobs):
             if fitting >= enough:
                 return
