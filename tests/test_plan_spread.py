@@ -57,3 +57,31 @@ def test_shares_split_by_tp_and_micro_batch_heaviest_first():
     found = spread.shares(items, 64)
     assert sorted(k for share in found for k, _ in share) == list(range(5))
     assert [sorted(k for k, _ in share) for share in found] == [[0, 2, 4], [1], [3]]
+
+
+LLAMA = Path(__file__).resolve().parent.parent / "scenarios" / "multi" / "llama7b-4x4090-pp4.toml"
+# A search where most plans do not fit (Llama 7B on four 24 GB cards) and some fit (recompute, ZeRO).
+AXES_MEMORY = _fixed({"parallel.tp": [1], "parallel.pp": [1, 4], "parallel.schedule": ["1f1b", "interleaved-1f1b"],
+                      "training.micro_batch_size": [1, 4]})
+
+
+def test_memory_first_gives_the_same_verdicts_reasons_and_memory_numbers():
+    from simulator.explore.plan_report import plan_json
+    from simulator.explore.search import NO_FIT
+
+    on = search_plans(LLAMA, gpus=4, topology="pcie-4x4090", top_k=2, axes=AXES_MEMORY, verify=False)
+    off = search_plans(LLAMA, gpus=4, topology="pcie-4x4090", top_k=2, axes=AXES_MEMORY, verify=False,
+                       shortcuts=False)
+    assert plan_json(on) == plan_json(off)
+    assert [c.settings for c in on.ranked] == [c.settings for c in off.ranked] and on.pruned == off.pruned
+    memory_only = 0
+    for a, b in zip(on.candidates, off.candidates):
+        assert (a.settings, a.verdict, a.reason) == (b.settings, b.verdict, b.reason)
+        if a.estimate is not None and a.estimate.get("memory_only"):
+            memory_only += 1
+            assert a.verdict == NO_FIT and not b.estimate.get("memory_only")
+            assert [{key: r[key] for key in ra} for ra, r in zip(a.estimate["ranks"], b.estimate["ranks"])] == \
+                a.estimate["ranks"]
+        else:
+            assert a.estimate == b.estimate
+    assert memory_only and any(c.verdict == NO_FIT for c in off.candidates)
