@@ -31,6 +31,7 @@ CHUNKS_KEPT = 4096                     # chunk models (tens of KB each)
 SCHEDULE_ACTIONS_KEPT = 1_000_000      # actions of the built-in schedules kept (about 160 bytes each)
 STRUCTURE_NODES_KEPT = 400_000         # graph nodes of the structures kept (about 360 bytes each)
 SMALL_KEPT = 4096                      # stage inputs, rank layouts
+ROWS_KEPT = 256                        # schedules' memory rows (a few KB each)
 
 
 def _actions(schedule) -> int:
@@ -51,6 +52,8 @@ class Caches:
     op_times: dict = field(default_factory=dict)      # device -> timed_ops' cache
     outputs: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))
     layouts: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))    # a plan layout's stage groups and pairs
+    memory_rows: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))   # a schedule's ranks' memory rows
+    clusters: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))      # resolved clusters (prepare._cluster)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -232,14 +235,66 @@ def _pairs(plan, src: int, dst: int) -> tuple[tuple[int, int], ...]:
                  for d in range(plan.dp) for t in range(plan.tp))
 
 
-def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
-    """The plan's cost and offset tables and per-rank numbers."""
+def chunk_models(caches: Caches, prepared: Prepared) -> dict:
+    """(stage, chunk) -> (ChunkModel, ProfileKey, cache key) of every chunk of the plan."""
+    split = prepared.schedule.split_backward
+    return {(span.stage, span.chunk): _chunk(caches, prepared, span, split) for span in prepared.plan.stages}
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory numbers (what its allocated level is made of; RankNumbers repeats them)."""
+
+    persistent: dict                     # bytes per category allocated at the start of an iteration
+    coefficients: np.ndarray             # (v * COORDS,) bytes per memory coordinate
+    excursions: np.ndarray               # (v * MTYPES,) each action type's own excursion
+    step_bytes: int                      # the level before the step above the start (gradients)
+    step: Segment                        # the rank's optimizer step (its chunks' steps in order)
+
+    @property
+    def start_bytes(self) -> int:
+        return int(sum(self.persistent.values()))
+
+
+def rank_memory(chunks: dict, r: int, v: int) -> RankMemory:
+    """Rank r's memory numbers from its chunks' models (`chunks`: (stage, chunk) -> ChunkModel)."""
+    persistent = {c: 0 for c in CATEGORIES}
+    coefficients = np.zeros(v * COORDS)
+    excursions = np.zeros(v * MTYPES)
+    step_bytes = 0
+    step = Segment()
+    for c in range(v):
+        model = chunks[(r, c)]
+        for category, nbytes in model.persistent:
+            persistent[category] += nbytes
+        fwd, b_first, b_later = model.forward, model.backward_first, model.backward_later
+        w_first, w_later = model.weight_first, model.weight_later
+        base = c * COORDS
+        coefficients[base + N_F] = fwd.delta_bytes
+        coefficients[base + N_I] = fwd.delta_bytes + b_later.delta_bytes
+        coefficients[base + DONE_B] = b_first.delta_bytes - b_later.delta_bytes
+        if w_first is not None:
+            coefficients[base + DONE_W] = w_first.delta_bytes - w_later.delta_bytes
+        kinds = c * MTYPES
+        excursions[kinds + M_F] = fwd.excursion_bytes
+        excursions[kinds + M_B_FIRST] = b_first.excursion_bytes
+        excursions[kinds + M_B_LATER] = b_later.excursion_bytes
+        if w_first is not None:
+            excursions[kinds + M_W_FIRST] = w_first.excursion_bytes
+            excursions[kinds + M_W_LATER] = w_later.excursion_bytes
+        step_bytes += coefficients[base + DONE_B] + coefficients[base + DONE_W]
+        step = step.then(model.step)
+    persistent["other"] += chunks[(r, 0)].workspace_bytes      # one set of cuBLAS workspaces per rank
+    return RankMemory(persistent, coefficients, excursions, int(step_bytes), step)
+
+
+def numbers(caches: Caches, prepared: Prepared, found: dict | None = None) -> PlanNumbers:
+    """The plan's cost and offset tables and per-rank numbers (`found`: its chunk_models, if computed)."""
     plan, schedule, recipe = prepared.plan, prepared.schedule, prepared.recipe
     p, v = plan.pp, plan.virtual_stages
     pp = p
     network = caches.network(prepared.topology if prepared.multi else None)
-    split = schedule.split_backward
-    found = {(span.stage, span.chunk): _chunk(caches, prepared, span, split) for span in plan.stages}
+    found = chunk_models(caches, prepared) if found is None else found
     chunks = {key: value[0] for key, value in found.items()}
     every_sync = any(c.sync_every_backward for c in chunks.values())
     overlap = prepared.overlap
@@ -266,35 +321,16 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
         rank = reps[r]
         groups = {axis: (plan.group_of(rank, axis), _layout(caches, plan, _stage_groups, r, axis)) for axis in ("tp", "dp")} \
             if prepared.multi else {}
-        persistent = {c: 0 for c in CATEGORIES}
-        coefficients = np.zeros(v * COORDS)
-        excursions = np.zeros(v * MTYPES)
-        step_bytes = 0
-        step = Segment()
+        memory = rank_memory(chunks, r, v)
+        step = memory.step
         compute = blocking = collectives = reductions = flops = 0.0
         phases: dict[str, float] = {}
         parameters = 0
         for c in range(v):
             model = chunks[(r, c)]
-            for category, nbytes in model.persistent:
-                persistent[category] += nbytes
             parameters += model.parameter_count
             fwd, b_first, b_later = model.forward, model.backward_first, model.backward_later
             w_first, w_later = model.weight_first, model.weight_later
-            base = c * COORDS
-            coefficients[base + N_F] = fwd.delta_bytes
-            coefficients[base + N_I] = fwd.delta_bytes + b_later.delta_bytes
-            coefficients[base + DONE_B] = b_first.delta_bytes - b_later.delta_bytes
-            if w_first is not None:
-                coefficients[base + DONE_W] = w_first.delta_bytes - w_later.delta_bytes
-            kinds = c * MTYPES
-            excursions[kinds + M_F] = fwd.excursion_bytes
-            excursions[kinds + M_B_FIRST] = b_first.excursion_bytes
-            excursions[kinds + M_B_LATER] = b_later.excursion_bytes
-            if w_first is not None:
-                excursions[kinds + M_W_FIRST] = w_first.excursion_bytes
-                excursions[kinds + M_W_LATER] = w_later.excursion_bytes
-            step_bytes += coefficients[base + DONE_B] + coefficients[base + DONE_W]
             durations = [network.collective_s(b.kind, groups["dp"][0], b.nbytes, groups["dp"][1]) for b in model.buckets] \
                 if network is not None and plan.dp > 1 else [0.0] * len(model.buckets)
             reductions += sum(durations)
@@ -347,7 +383,6 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
                 offsets[2 * (r * v + c)] = sum(durations)
                 tail = reduced_s if shared else _reduction_tail(model.buckets, durations, scale)
                 offsets[2 * (r * v + c) + 1] = tail - costs[r * v * SLOTS + c * SLOTS + sync_slot]
-            step = step.then(model.step)
         step_waited = _collectives_s(step, groups, network)
         costs[tail_base + 2 * r + 1] = step.compute_s + step_waited
         compute += step.compute_s
@@ -359,7 +394,6 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             size = max(chunks[(r, c)].tied_embedding_grad_bytes for c in range(v))
             costs[tail_base + 2 * r] = network.collective_s("all_reduce", (reps[0], reps[-1]), size,
                                                             _layout(caches, plan, _pairs, 0, p - 1))
-        persistent["other"] += chunks[(r, 0)].workspace_bytes      # one set of cuBLAS workspaces per rank
         if network is not None and p > 1:
             # Messages: activations to the next rank, gradients to the previous (with v > 1, around the ring),
             # every (dp, tp) position of the stage sending to its own on the other.
@@ -370,7 +404,7 @@ def numbers(caches: Caches, prepared: Prepared) -> PlanNumbers:
             costs[transfer_base + transfer_slot("gradient", r)] = network.send_s(
                 rank, reps[before], chunks[(r, 0)].input_grad_bytes or last_chunk.output_bytes,
                 _layout(caches, plan, _pairs, r, before))
-        ranks.append(RankNumbers(rank, int(sum(persistent.values())), persistent, coefficients, excursions,
-                                 int(step_bytes), int(step.excursion_bytes), compute, blocking, collectives, phases, flops,
-                                 parameters, reductions))
+        ranks.append(RankNumbers(rank, memory.start_bytes, memory.persistent, memory.coefficients,
+                                 memory.excursions, memory.step_bytes, int(step.excursion_bytes), compute, blocking,
+                                 collectives, phases, flops, parameters, reductions))
     return PlanNumbers(prepared, structure, skey, costs, offsets, tuple(ranks), found)

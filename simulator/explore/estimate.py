@@ -20,9 +20,9 @@ from typing import Hashable, Iterable, Iterator, Sequence
 import numpy as np
 
 from simulator.errors import MemsimError
-from simulator.explore.assemble import Caches, PlanNumbers, numbers
-from simulator.explore.pipeline import SLOTS, build_structure, evaluate
-from simulator.explore.prepare import Prepared, prepare
+from simulator.explore.assemble import Caches, PlanNumbers, chunk_models, numbers, rank_memory
+from simulator.explore.pipeline import SLOTS, build_structure, evaluate, memory_rows
+from simulator.explore.prepare import Prepared, prepare, schedule_identity
 from simulator.explore.profiles import keeps_output
 from simulator.explore.reserved import Timing, replay_rank, replay_schedule
 from simulator.report.metrics import peak_flop_rate
@@ -33,7 +33,7 @@ _ERRORS = ("raise", "return")
 
 
 def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
-                     caches: Caches | None = None, replay: bool = True) -> list:
+                     caches: Caches | None = None, replay: bool = True, memory_first: bool = False) -> list:
     """Estimate the report of each scenario.
 
     Args:
@@ -46,6 +46,11 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
             the estimate's time). False: peak reserved is given as peak allocated, a lower bound, so "fits" is only
             necessary (a plan that does not fit this way does not fit at all); the report says
             "reserved_replayed": False. A search replays only the fastest of those (search.py).
+        memory_first: with replay=False, a plan whose peak allocated memory does not fit (computed from its
+            schedule's memory rows and its chunks' models, as the full estimate computes it, without its graph,
+            its network costs or its times) gets a memory-only report (`memory_report`: "memory_only": True, its
+            ranks' memory keys only, the same values); a plan the estimate leaves something out of is estimated
+            in full. The other reports are unchanged.
 
     Returns:
         One report dict per scenario (or MemsimError with errors="return"), with "estimate": True.
@@ -61,7 +66,15 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
     pending = 0
     for k, scenario in enumerate(scenarios):
         try:
-            item = (k, numbers(caches, prepare(scenario, caches.schedules)))
+            prepared = prepare(scenario, caches.schedules, caches.clusters)
+            found = None
+            if memory_first and not replay and not leaves_out(prepared):
+                found = chunk_models(caches, prepared)
+                peaks = allocated_peaks(caches, prepared, found)
+                if not _fit_allocated(prepared, peaks):
+                    results[k] = memory_report(prepared, peaks)
+                    continue
+            item = (k, numbers(caches, prepared, found))
         except MemsimError as error:
             if errors == "raise":
                 raise
@@ -74,6 +87,56 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
             pending = 0
     _flush(groups, results, caches, replay)
     return results
+
+
+def leaves_out(prepared: Prepared) -> list[str]:
+    """What the estimate leaves out of the plan (the report's "leaves_out")."""
+    out = []
+    if prepared.recipe.offload is not None:
+        out.append("offload (its host traffic, host work and the GPU memory it frees)")
+    if prepared.overlap.overlap_param_gather:
+        out.append("parallel.overlap_param_gather")
+    return out
+
+
+def peak_level(start_bytes: int, action_peak: float, step_bytes: int, step_excursion: int) -> float:
+    """A rank's peak allocated level: the highest of its actions' levels, the step's and the start."""
+    return max(start_bytes + action_peak, start_bytes + step_bytes + step_excursion, start_bytes)
+
+
+def allocated_peaks(caches: Caches, prepared: Prepared, found: dict) -> list[int]:
+    """Each rank's peak allocated bytes as the full estimate reports it (_evaluate_group, _report): its chunks'
+    memory numbers (`found`: assemble.chunk_models) over its schedule's memory rows. The levels are sums of
+    whole bytes (below 2**53), so they are the same numbers however the products are grouped."""
+    key = schedule_identity(prepared)
+    rows = caches.memory_rows.get(key)
+    if rows is None:
+        rows = caches.memory_rows[key] = memory_rows(prepared.schedule)
+    chunks = {at: value[0] for at, value in found.items()}
+    peaks = []
+    for r in range(prepared.plan.pp):
+        memory = rank_memory(chunks, r, prepared.plan.virtual_stages)
+        levels = memory.coefficients @ rows[r].coords.T.astype(float) + memory.excursions[rows[r].types]
+        peaks.append(int(peak_level(memory.start_bytes, float(levels.max()), memory.step_bytes,
+                                    int(memory.step.excursion_bytes))))
+    return peaks
+
+
+def _fit_allocated(prepared: Prepared, peaks: list[int]) -> bool:
+    capacity, context = int(prepared.device.memory_bytes), int(prepared.cluster.context_bytes)
+    return all(peak + context <= capacity for peak in peaks)
+
+
+def memory_report(prepared: Prepared, peaks: list[int]) -> dict:
+    """The report of a plan that does not fit by peak allocated (estimate_reports' memory_first): its ranks'
+    memory keys only (peak reserved given as peak allocated, as without the replay)."""
+    plan = prepared.plan
+    ranks = [{"rank": plan.rank_of(dp=0, pp=r, tp=0), "stage": r, "device": prepared.device.name,
+              "peak_allocated_bytes": peak, "peak_reserved_bytes": peak,
+              "capacity_bytes": int(prepared.device.memory_bytes),
+              "context_bytes": int(prepared.cluster.context_bytes), "oom": False} for r, peak in enumerate(peaks)]
+    return {"scenario": prepared.scenario.name, "estimate": True, "memory_only": True, "leaves_out": [],
+            "reserved_replayed": False, "fits": False, "ranks": ranks}
 
 
 def replayed_until_fit(candidates: Iterable[tuple[Hashable, Scenario]], enough: int, caches: Caches) -> Iterator:
@@ -193,8 +256,7 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
         exposed = rank.blocking_s + recv_s + flush_s + tied_s + sends_s
         total = rank.collectives_s + recv_s + send_s + rank.reductions_s + tied_s
         idle = max(0.0, iteration - rank.compute_s - exposed)
-        peak_allocated = max(rank.start_bytes + action_peaks[r],
-                             rank.start_bytes + rank.step_bytes + rank.step_excursion, rank.start_bytes)
+        peak_allocated = peak_level(rank.start_bytes, action_peaks[r], rank.step_bytes, rank.step_excursion)
         peak_reserved, _, oom = replayed[r] if replayed is not None else (0, 0, False)
         peak_reserved = max(int(peak_reserved), int(peak_allocated))
         capacity = int(device.memory_bytes)
@@ -225,12 +287,8 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
                         "skipped steps in")
     if replayed is None:
         warnings.append("peak reserved memory not replayed: peak allocated is shown (a lower bound)")
-    leaves_out = []
-    if recipe.offload is not None:
-        leaves_out.append("offload (its host traffic, host work and the GPU memory it frees)")
-    if prepared.overlap.overlap_param_gather:
-        leaves_out.append("parallel.overlap_param_gather")
-    for what in leaves_out:
+    left_out = leaves_out(prepared)
+    for what in left_out:
         warnings.append(f"the estimate leaves out {what}: a simulation includes it")
     warnings += [w for w in plan.warnings if w not in warnings]
     world = plan.dp * plan.tp * plan.pp
@@ -243,7 +301,7 @@ def _report(numbers_: PlanNumbers, ends: np.ndarray, action_peaks: list[float], 
     report = {
         "scenario": scenario.name,
         "estimate": True,
-        "leaves_out": leaves_out,
+        "leaves_out": left_out,
         "reserved_replayed": replayed is not None,
         "fits": bool(fits),
         "iteration_time_s": iteration,

@@ -137,6 +137,11 @@ def _memory_rows(schedule: Schedule, rank: int) -> MemoryRows:
     return MemoryRows(rows[:, 0].copy(), rows[:, 1:].copy())
 
 
+def memory_rows(schedule: Schedule) -> tuple[MemoryRows, ...]:
+    """Each rank's memory rows (a Structure's `memory`), without the graph."""
+    return tuple(_memory_rows(schedule, r) for r in range(schedule.num_ranks))
+
+
 class _Graph:
     """Nodes under construction: cost slot, predecessors and offset slots (flat lists, patched in place)."""
 
@@ -304,7 +309,7 @@ def build_structure(schedule: Schedule, *, reduces: bool, tied: bool, reduce_at_
         offset_index=offset_index, levels=levels, steps=_steps(levels, preds, offset_index, len(graph.cost)),
         rank_last=np.array(step_node), rank_flush=np.array(flush), rank_compute_end=np.array(compute_end),
         tied_node=np.array(tied_node), transfer_counts=transfer_counts, sends=sends, action_counts=action_counts,
-        memory=tuple(_memory_rows(schedule, r) for r in range(p)),
+        memory=memory_rows(schedule),
         sync_nodes=tuple(tuple(row) for row in sync_nodes),
         joins=tuple(np.array(sorted(joined[r]), dtype=np.int64) for r in range(p)))
 

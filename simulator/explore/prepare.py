@@ -42,11 +42,12 @@ class Prepared:
         return self.cluster.topology
 
 
-def prepare(scenario: Scenario, schedules=None) -> Prepared:
+def prepare(scenario: Scenario, schedules=None, clusters=None) -> Prepared:
     """Check `scenario` as `simulate(scenario)` does and resolve its cluster, plan, recipe and schedule, with the
     device as the run's kernels see it (attention backend, CUDA graphs: api._run_device) and the overlap switches.
     `schedules`: a memo (dict-like: get / setitem) of built-in schedules by (name, p, m, v) that the caller keeps
-    (Caches.schedules, bounded); None builds the schedule.
+    (Caches.schedules, bounded); None builds the schedule. `clusters`: a dict the caller keeps of resolved clusters
+    (`_cluster`); None resolves each.
 
     Raises:
         MemsimError: the error `simulate(scenario)` raises for it (same message).
@@ -59,7 +60,7 @@ def prepare(scenario: Scenario, schedules=None) -> Prepared:
     multi = p.dp * p.tp * p.pp > 1
     if not (multi or _names_topology(scenario)):
         _check_plan(scenario)
-        cluster = resolve_cluster(scenario)
+        cluster = _cluster(scenario, clusters)
         _check_device_options(scenario, cluster.device)
         device = _run_device(scenario, cluster.device)
         recipe = recipe_for(scenario, device)
@@ -69,7 +70,7 @@ def prepare(scenario: Scenario, schedules=None) -> Prepared:
                         kernel_profile(device), False, builtin=("1f1b", 1, recipe.accumulation_steps, 1))
     # api._multi_setup's checks, in its order.
     _check_plan(scenario, multi=True)
-    cluster = resolve_cluster(scenario)
+    cluster = _cluster(scenario, clusters)
     _check_device_options(scenario, cluster.device)
     if cluster.topology is None and multi:
         _check_plan(scenario)
@@ -89,6 +90,20 @@ def prepare(scenario: Scenario, schedules=None) -> Prepared:
                if isinstance(p.schedule, str) and p.schedule in SCHEDULE_NAMES else None)
     return Prepared(scenario, cluster, device, plan, recipe, schedule, model_shape(scenario), kernel_profile(device),
                     multi, overlap, builtin)
+
+
+def _cluster(scenario: Scenario, clusters) -> Cluster:
+    """resolve_cluster(scenario), remembered in `clusters` by what it reads (the cluster and allocator tables,
+    whether the plan is one GPU, the file named in messages): plans of one search differ in none of them, and
+    resolving loads and parses the topology's files (tens of ms). A refusal raises each time."""
+    if clusters is None:
+        return resolve_cluster(scenario)
+    p = scenario.parallel
+    key = (scenario.source, scenario.cluster, scenario.allocator, p.dp * p.tp * p.pp == 1)
+    found = clusters.get(key)
+    if found is None:
+        found = clusters[key] = resolve_cluster(scenario)
+    return found
 
 
 def _schedule(spec, p: int, m: int, v: int, schedules) -> Schedule:

@@ -16,7 +16,8 @@ from typing import Callable, Iterable, Sequence
 from simulator.errors import MemsimError, ScenarioError, TopologyError
 from simulator.explore.assemble import Caches
 from simulator.explore.candidates import AXES, Axis, Context, Settings, enumerate_plans, overrides
-from simulator.explore.estimate import estimate_reports, replayed_until_fit
+from simulator.explore.estimate import replayed_until_fit
+from simulator.explore.spread import drop_worker_caches, estimate_shares, replayed_shares, rule
 from simulator.scenario import Scenario
 from simulator.scenario.loader import read_scenario_document, scenario_from_dict
 
@@ -94,7 +95,9 @@ class PlanSearch:
         verified: the best `top_k` of `ranked`, simulated, ordered by the simulation (fitting first, then
             iteration time); empty without verification.
         pruned: (reason, count) for the candidates set aside: each rule a run refuses, and "does not fit".
-        seconds: (phase, seconds): enumerate, estimate, verify.
+        seconds: (phase, seconds): enumerate (the axes' combinations), estimate (each plan built from the file and
+            its overrides, checked and estimated without the allocator replay), replay (the allocator replay of the
+            fastest until top_k fit), verify.
     """
 
     scenario: str
@@ -131,11 +134,12 @@ def simulate_candidate(job: tuple[dict, str, list[str]]) -> tuple[dict | None, s
     from simulator.api import simulate
 
     document, source, settings = job
+    drop_worker_caches()
     try:
         return simulate(scenario_from_dict(document, source, settings + QUIET), timelines=False,
                         events=False).report, None
     except MemsimError as error:
-        return None, _rule(str(error), source)
+        return None, rule(str(error), source)
     except Exception as error:          # noqa: BLE001
         # A failure inside the simulator is this candidate's, not the search's: reported with its reason.
         return None, f"the simulation failed: {type(error).__name__}: {error}"
@@ -148,12 +152,6 @@ def _document(scenario: Scenario | str | os.PathLike) -> tuple[dict, str]:
         raise ScenarioError(f"{source}: plan search needs the scenario's file (its candidates are that file with "
                             f"--set overrides, checked as `memsim run` checks them)")
     return read_scenario_document(source), source
-
-
-def _rule(message: str, source: str) -> str:
-    """An error message without its file prefix: the rule, to count candidates by."""
-    prefix = f"{source}: "
-    return message[len(prefix):] if message.startswith(prefix) else message
 
 
 def _verified_order(v: Verified) -> tuple:
@@ -171,28 +169,15 @@ def _shortfall(report: dict) -> str:
             f" GiB ({(need - worst['capacity_bytes']) / 2**30:+.1f} GiB)")
 
 
-def _estimate_in_profile_order(scenarios: list, settings: list[Settings], caches: Caches) -> list:
-    """estimate_reports(scenarios, replay=False), the plans taken by (tp, micro-batch), then in enumeration
-    order: the plans of one (tp, micro-batch) share their chunks' profiles whatever their pp, so each profile
-    is recorded once and the bounded caches (assemble.Caches) keep what the next plans reuse; a schedule and its
-    graph are still used by consecutive plans. Each report is the same in any order (the caches are exact);
-    they are returned in the scenarios' order."""
-    def key(k: int) -> tuple:
-        chosen = dict(settings[k])
-        return (chosen.get("parallel.tp", 0), chosen.get("training.micro_batch_size", 0), k)
-
-    order = sorted(range(len(scenarios)), key=key)
-    reports = estimate_reports([scenarios[k] for k in order], errors="return", caches=caches, replay=False)
-    out: list = [None] * len(scenarios)
-    for k, report in zip(order, reports):
-        out[k] = report
-    return out
+def _spread(executor) -> bool:
+    """Whether the estimates and replays go to the executor's workers (more than one, not in this process)."""
+    return not getattr(executor, "in_process", True) and getattr(executor, "workers", 1) > 1
 
 
 def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology: str, nodes: int | None = None,
                  top_k: int = 10, verify: bool = True, executor=None,
                  progress: Callable[[str, int, int], None] | None = None,
-                 axes: Sequence[Axis] = AXES) -> PlanSearch:
+                 axes: Sequence[Axis] = AXES, shortcuts: bool = True) -> PlanSearch:
     """Search the plans of `axes` for the scenario's model and global batch on `gpus` GPUs of `topology`.
 
     Args:
@@ -205,6 +190,9 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
         executor: an object with `map(fn, items)` (e.g. a process pool); default: this process.
         progress: called as progress(phase, done, total) while it works.
         axes: the plan axes (candidates.AXES).
+        shortcuts: a plan whose peak allocated memory does not fit gets its memory numbers only (estimate_reports'
+            memory_first: the same verdict, reason and memory keys, without its times). False: every plan is
+            estimated in full (the same search otherwise; tests/test_plan_spread.py).
 
     Raises:
         MemsimError: an unknown topology, gpus not a multiple of its node, nodes disagreeing, no candidate
@@ -237,31 +225,32 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     fixed = [f'cluster.topology="{topology}"', f"cluster.nodes={nodes}"]
     settings_list = list(enumerate_plans(axes, context))
     candidates: list[Candidate | None] = [None] * len(settings_list)
-    scenarios, where = [], []
-    for k, settings in enumerate(settings_list):
-        try:
-            scenarios.append(scenario_from_dict(document, source, fixed + overrides(settings)))
-            where.append(k)
-        except MemsimError as error:
-            candidates[k] = Candidate(settings, INVALID, reason=_rule(str(error), source))
-        if progress is not None and k % 500 == 0:
-            progress("enumerate", k, len(settings_list))
+    runner = executor if executor is not None else InProcess()
     enumerated = time.perf_counter()
     caches = Caches()
     # Peak allocated first (fast): a plan that does not fit by it does not fit at all (reserved >= allocated).
     # The allocator replay for peak reserved then runs on the plans that may fit, fastest first, until top_k
-    # fit by it: the ranking and the plans verified are those a replay of every plan would give.
-    estimates = _estimate_in_profile_order(scenarios, [settings_list[k] for k in where], caches)
-    scenario_of = dict(zip(where, scenarios))
-    may_fit = sorted((e["iteration_time_s"], k) for k, e in zip(where, estimates)
-                     if not isinstance(e, MemsimError) and e["fits"] and not e.get("leaves_out"))
-    estimates = dict(zip(where, estimates))
-    estimates.update(replayed_until_fit(((k, scenario_of[k]) for _, k in may_fit), top_k, caches))
-    estimates = [estimates[k] for k in where]
-    for k, estimate in zip(where, estimates):
-        settings = settings_list[k]
-        if isinstance(estimate, MemsimError):
-            candidates[k] = Candidate(settings, INVALID, reason=_rule(str(estimate), source))
+    # fit by it: the ranking and the plans verified are those a replay of every plan would give. Each plan is
+    # built from the file with its overrides where it is estimated (spread.py: over the executor's workers).
+    estimates: dict[int, object] = {}
+    tick = None if progress is None else (lambda done: progress("estimate", done, len(settings_list)))
+    for k, outcome in estimate_shares(runner, document, source, fixed, list(enumerate(settings_list)),
+                                      base.training.global_batch_size, caches, tick, memory_first=shortcuts):
+        estimates[k] = outcome
+    replaying = time.perf_counter()
+    may_fit = sorted((e["iteration_time_s"], k) for k, e in estimates.items()
+                     if isinstance(e, dict) and e["fits"] and not e.get("leaves_out"))
+    if _spread(runner):
+        estimates.update(replayed_shares(runner, document, source, fixed,
+                                         [(k, settings_list[k]) for _, k in may_fit], top_k))
+    else:
+        estimates.update(replayed_until_fit(
+            ((k, scenario_from_dict(document, source, fixed + overrides(settings_list[k]))) for _, k in may_fit),
+            top_k, caches))
+    for k, settings in enumerate(settings_list):
+        estimate = estimates[k]
+        if not isinstance(estimate, dict):
+            candidates[k] = Candidate(settings, INVALID, reason=estimate[1])
         elif estimate.get("leaves_out"):
             candidates[k] = Candidate(settings, UNKNOWN, estimate,
                                       "the estimate leaves out " + ", ".join(estimate["leaves_out"]))
@@ -269,8 +258,6 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
             candidates[k] = Candidate(settings, NO_FIT, estimate, _shortfall(estimate))
         else:
             candidates[k] = Candidate(settings, FITS, estimate)
-    if progress is not None:
-        progress("estimate", len(scenarios), len(scenarios))
     estimated = time.perf_counter()
     done = tuple(c for c in candidates if c is not None)
     if not any(c.verdict != INVALID for c in done):
@@ -288,7 +275,6 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     if verify and (ranked or unknown):
         top = ranked[:top_k] + unknown[:max(0, top_k - len(ranked))]
         jobs = [(document, source, fixed + c.overrides) for c in top]
-        runner = executor if executor is not None else InProcess()
         results = []
         for candidate, (report, error) in zip(top, runner.map(simulate_candidate, jobs)):
             results.append(Verified(candidate, report, error))
@@ -303,5 +289,6 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     finished = time.perf_counter()
     return PlanSearch(base.name, gpus, topology, nodes, done, ranked, verified,
                       tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))),
-                      (("enumerate", enumerated - clock), ("estimate", estimated - enumerated),
+                      (("enumerate", enumerated - clock), ("estimate", replaying - enumerated),
+                       ("replay", estimated - replaying),
                        ("verify", finished - estimated)))
