@@ -79,8 +79,12 @@ def run_command(scenario: Path, set_: Optional[list[str]] = None, out: Optional[
         if fit_advice > 0:
             from simulator.explore.fit import PendingAdvice
 
-            # the candidates' estimates and simulations start on another core while the job itself simulates
-            pending = PendingAdvice(scenario, set_ or [], verify=fit_advice)
+            # The candidates' estimates and simulations start on another core while a one-GPU job simulates. Not
+            # for a cluster job: the helper's first step, estimating the job itself, takes seconds of the core its
+            # memory workers use (10 s of CPU at 16,384 GPUs), and its advice is computed after it if it does not fit.
+            p = loaded.parallel
+            pending = PendingAdvice(scenario, set_ or [], verify=fit_advice,
+                                    helper=None if p.dp * p.tp * p.pp == 1 else False)
         from simulator.api import simulate
 
         # only the --out files read memory samples and allocator events (the snapshot)

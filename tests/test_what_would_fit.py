@@ -115,3 +115,23 @@ def test_lora_and_qlora_are_candidates_where_they_are_simulated(showcase_advice)
     _, advice = showcase_advice
     lora = next(entry for entry in advice if entry["changes"] == ['training.peft="lora"'])
     assert lora["fits"] and lora["time_ratio"] < 1
+
+
+@pytest.mark.parametrize("path, helper", [("scenarios/gpt2-cpu.toml", None),
+                                          ("scenarios/multi/llama7b-4x4090-tp2-pp2.toml", False)])
+def test_the_advice_helper_is_forked_for_one_gpu_jobs_only(monkeypatch, path, helper):
+    """A cluster job's advice is not started beside it (the helper's estimate of the job would take the core its
+    memory workers use); a one-GPU job's may be."""
+    from simulator import cli_run
+    import simulator.explore.fit as fit
+
+    asked = []
+
+    class Recorded(PendingAdvice):
+        def __init__(self, *args, helper=None, **kwargs):
+            asked.append(helper)
+            super().__init__(*args, helper=False, **kwargs)     # (nothing forked by the test itself)
+
+    monkeypatch.setattr(fit, "PendingAdvice", Recorded)
+    assert cli_run.run_command(REPO / path, as_json=True) == 0
+    assert asked == [helper]
