@@ -29,7 +29,7 @@ from simulator.parallel import overlap_templates        # noqa: E402
 
 
 class _Streams:
-    """What `apply` reads and writes of lower_multi._Streams."""
+    """What `apply` reads and writes of rank_streams.RankStreams."""
 
     def __init__(self) -> None:
         self.compute: list = []

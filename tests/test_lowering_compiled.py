@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from simulator.parallel.lower_multi import _Streams, lower_multi
+from simulator.parallel.lower_multi import lower_multi
+from simulator.parallel.rank_streams import RankStreams
 from simulator.parallel.program import Blocking, Collective, Run
 from tests.test_stage_copies import _setup
 
@@ -79,7 +80,7 @@ def test_compiled_microbatches_equal_lowering_op_by_op(case, monkeypatch):
     fast = _programs(doc, full)
     compiled = sum(1 for program in fast for ins in program.streams["compute"] if type(ins) is Run and ins.shift)
     assert compiled > 0          # the plans have micro-batch copies, which take the compiled path
-    monkeypatch.setattr(_Streams, "_compile", lambda self, timed, low: None)     # every op list op by op
+    monkeypatch.setattr(RankStreams, "_compile", lambda self, timed, low: None)     # every op list op by op
     slow = _programs(doc, full)
     assert [p.streams for p in fast] == [p.streams for p in slow]
     assert _identities(fast) == _identities(slow)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.parallel.lower_multi import _Streams, lower_multi
+from simulator.parallel.lower_multi import lower_multi
+from simulator.parallel.rank_streams import RankStreams
 from simulator.parallel.overlap import OverlapOptions
 from simulator.parallel.overlap_templates import MARK
 from simulator.parallel.program import Blocking, Collective, Run
@@ -35,17 +36,17 @@ def test_templated_copies_equal_lowering_each_copy(case, overlap, monkeypatch):
     doc = _doc(topology, schedule, recompute, framework, microbatches, **parallel)
     full = parallel.get("dp", 1) > 1
     made = []
-    record = _Streams._templated
+    record = RankStreams._templated
 
     def spy(self, *args):
         done = record(self, *args)
         made.append(done)
         return done
 
-    monkeypatch.setattr(_Streams, "_templated", spy)
+    monkeypatch.setattr(RankStreams, "_templated", spy)
     fast = _programs(doc, overlap, full)
     assert any(made)             # copies were made from a template
-    monkeypatch.setattr(_Streams, "templates_on", False)
+    monkeypatch.setattr(RankStreams, "templates_on", False)
     slow = _programs(doc, overlap, full)
     assert [p.streams for p in fast] == [p.streams for p in slow]
     assert _shared(fast) == _shared(slow)
@@ -89,7 +90,7 @@ def test_copies_made_in_bulk_or_one_by_one_are_the_same(bulk, monkeypatch):
     overlap = OVERLAPS[1]
     fast = _programs(doc, overlap, False)
     assert applied                   # copies were made from a template
-    monkeypatch.setattr(_Streams, "templates_on", False)
+    monkeypatch.setattr(RankStreams, "templates_on", False)
     slow = _programs(doc, overlap, False)
     assert [p.streams for p in fast] == [p.streams for p in slow]
     assert _shared(fast) == _shared(slow)

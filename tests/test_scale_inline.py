@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import simulator.api as api
 import simulator.engine.executor as executor
 import simulator.parallel.lower_multi as lower_multi
+from simulator.parallel.rank_streams import RankStreams
 from simulator.engine.caching_allocator import CachingAllocator
 from simulator.engine.executor import EngineOptions, simulate_programs
 from simulator.errors import PlanError
@@ -83,7 +84,7 @@ def test_blocking_instructions_equal_their_signal_wait_form(monkeypatch, nodes, 
     if parallel.get("zero_stage", 0) > 1:
         doc["training"]["framework"] = "deepspeed"
     fused = _everything(api.simulate(scenario_from_dict(doc)))
-    monkeypatch.setattr(lower_multi._Streams, "fuse_blocking", False)
+    monkeypatch.setattr(RankStreams, "fuse_blocking", False)
     assert _everything(api.simulate(scenario_from_dict(doc))) == fused
 
 

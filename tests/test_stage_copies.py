@@ -9,7 +9,8 @@ import pytest
 
 import simulator.api as api
 import simulator.parallel.lower_multi as lower_multi
-from simulator.parallel.lower_multi import _Streams, _timed_microbatches, build_stage_workloads
+from simulator.parallel.lower_multi import _timed_microbatches, build_stage_workloads
+from simulator.parallel.rank_streams import RankStreams
 from simulator.parallel.plan import make_plan
 from simulator.parallel.program import Collective, Period, Run, posted_collectives
 from simulator.parallel.schedule_check import load_schedule
@@ -47,7 +48,7 @@ def _eager_copy(ops: tuple[Op, ...], shift: int, low: int, index: int) -> list[O
                                 frees=ids(o.frees), microbatch=index) for o in ops]
 
 
-def _lowered(streams: _Streams) -> tuple[list[tuple], list[tuple]]:
+def _lowered(streams: RankStreams) -> tuple[list[tuple], list[tuple]]:
     """(op name, allocs, frees) of the compute stream's Runs and of the collectives posted on the other streams."""
     runs = [(ins.op.name, ins.allocs(), ins.frees()) for ins in streams.compute if isinstance(ins, Run)]
     posts = [(c.name, c.allocs, c.frees) for name in streams.other
@@ -75,7 +76,7 @@ def test_copy_runs_resolve_to_the_ids_of_the_eager_copy_and_of_a_recorded_microb
             assert mb.forward is template.forward and mb.backward is template.backward   # shared, not copied
             for ops, timing, truth in ((mb.forward, timed[j][0], recorded.microbatches[j].forward),
                                        (mb.backward, timed[j][1], recorded.microbatches[j].backward)):
-                streams = _Streams(plan.rank_of(dp=0, pp=stage, tp=0), plan)
+                streams = RankStreams(plan.rank_of(dp=0, pp=stage, tp=0), plan)
                 streams.microbatch(timing, 0, mb.shift, mb.low)
                 eager = _eager_copy(ops, mb.shift, mb.low, j)
                 assert eager == list(truth)        # the eager copy is the recorded micro-batch

@@ -298,7 +298,7 @@ def numbers(caches: Caches, prepared: Prepared, found: dict | None = None) -> Pl
     chunks = {key: value[0] for key, value in found.items()}
     every_sync = any(c.sync_every_backward for c in chunks.values())
     overlap = prepared.overlap
-    # Where data-parallel reductions run (lower_multi._Streams.post): beside the backward (overlap_grad_reduce),
+    # Where data-parallel reductions run (rank_streams.RankStreams.post): beside the backward (overlap_grad_reduce),
     # all after the last action (Megatron's finish_grad_sync), or blocking where each bucket fills (DeepSpeed).
     wait = "overlap" if overlap.overlap_grad_reduce else overlap.grad_reduce_wait
     at_end = wait == "end" and plan.dp > 1

@@ -178,7 +178,7 @@ def _without_host(device: DeviceSpec) -> DeviceSpec:
 
 def _pair(ops: list[Op], durations: list[float], beside: list, base: int, count: int, key: ProfileKey,
           device: DeviceSpec) -> None:
-    """Apply tp_overlap.plan_overlaps to ops[base:base + count] as lower_multi._Streams.overlapped runs them: the
+    """Apply tp_overlap.plan_overlaps to ops[base:base + count] as rank_streams.RankStreams.overlapped runs them: the
     GEMM slowed by the SMs the collective holds, and the collective marked with the compute it runs beside."""
     from simulator.parallel.overlap import OverlapOptions
     from simulator.parallel.tp_overlap import plan_overlaps

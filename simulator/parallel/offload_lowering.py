@@ -21,12 +21,12 @@ from simulator.parallel.program import Run, Transfer, signal, wait_for
 from simulator.workload.graph import HOST, OPTIMIZER_STEP, WAIT
 
 if TYPE_CHECKING:
-    from simulator.parallel.lower_multi import _Streams
+    from simulator.parallel.rank_streams import RankStreams
 
 COMPUTE = "compute"
 
 
-def lower_offload(streams: _Streams, run: Run, caps: dict[str, float]) -> None:
+def lower_offload(streams: RankStreams, run: Run, caps: dict[str, float]) -> None:
     """Append the instructions of one offload op's run to `streams` (module docstring); `caps`: host kernel ->
     bytes/s of this rank's share of the host CPU."""
     op = run.op

@@ -29,7 +29,7 @@ _ONE_BY_ONE = {Signal: signal, WaitFor: wait_for, Alloc: alloc, Free: free, Coll
 
 
 def templatable(ops) -> bool:
-    """Whether lowering these ops through `_Streams.overlapped` depends only on the ops, the iteration, `low`,
+    """Whether lowering these ops through `rank_streams.RankStreams.overlapped` depends only on the ops, the iteration, `low`,
     the shift and whether reductions are outstanding: no optimizer-step, offload or communication-stream op and
     no data-parallel collective (those read or change the streams' state)."""
     for op in ops:
@@ -41,7 +41,7 @@ def templatable(ops) -> bool:
 
 
 def record(scratch, runs: list, overlaps) -> tuple | None:
-    """The template of `runs` (made with shift MARK) lowered by `scratch` (a fresh _Streams of the same rank
+    """The template of `runs` (made with shift MARK) lowered by `scratch` (a fresh RankStreams of the same rank
     and options): (the label of each event it made, by number; makers of a copy's events, moved Allocs / Frees
     and moved collectives, over all its streams; each stream's plan: its name (None: the compute stream), which
     maker each instruction comes from, its runs' columns and its shared instructions), or None when an
@@ -92,7 +92,7 @@ def _plan(instructions: list, labels: list[str], made: dict[type, list]) -> tupl
                 return None
             index = int(number) - 1
             if labels[index] not in ("", label + "#"):
-                return None                       # one number, two labels: not made by _Streams.event
+                return None                       # one number, two labels: not made by RankStreams.event
             labels[index] = label + "#"
             made[kind].append(index)
             kinds.append(_SIGNAL if kind is Signal else _WAIT)
@@ -208,7 +208,7 @@ def _collective_maker(collectives: list[tuple]):
 
 
 def apply(template: tuple, streams, shift: int) -> None:
-    """Append the template's instructions for the copy moved by `shift` to `streams` (a _Streams), with its
+    """Append the template's instructions for the copy moved by `shift` to `streams` (a RankStreams), with its
     events numbered after the streams' own, as `overlapped` would have made them.
 
     Each kind of instruction is made in bulk for all streams, then each stream draws from the kinds' iterators in
