@@ -14,19 +14,32 @@ from the CPU capped at the rank's share of the CPU's rate (HostState.caps).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from simulator.errors import PlanError
-from simulator.parallel.program import Run, Transfer, signal, wait_for
+from simulator.parallel.program import Instruction, Run, Transfer, signal, wait_for
 from simulator.workload.graph import HOST, OPTIMIZER_STEP, WAIT
-
-if TYPE_CHECKING:
-    from simulator.parallel.rank_streams import RankStreams
 
 COMPUTE = "compute"
 
 
-def lower_offload(streams: RankStreams, run: Run, caps: dict[str, float]) -> None:
+class OffloadStreams(Protocol):
+    """What lower_offload reads and writes of a rank's streams (rank_streams.RankStreams)."""
+
+    compute: list[Instruction]
+    dp_stream: str
+    pending: list[str]
+    offload_last: dict[str, str]
+    offload_done: dict[str, str]
+
+    def event(self, label: str) -> str: ...
+
+    def stream(self, name: str) -> list[Instruction]: ...
+
+    def flush(self) -> None: ...
+
+
+def lower_offload(streams: OffloadStreams, run: Run, caps: dict[str, float]) -> None:
     """Append the instructions of one offload op's run to `streams` (module docstring); `caps`: host kernel ->
     bytes/s of this rank's share of the host CPU."""
     op = run.op
