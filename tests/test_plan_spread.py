@@ -85,3 +85,24 @@ def test_memory_first_gives_the_same_verdicts_reasons_and_memory_numbers():
         else:
             assert a.estimate == b.estimate
     assert memory_only and any(c.verdict == NO_FIT for c in off.candidates)
+
+
+def test_verified_simulations_leave_the_cores_to_each_other():
+    """A local pool with a simulation on every core runs them without memory workers, anything else lets each run
+    choose; the report is the same either way."""
+    from simulator.explore.executors import InlineExecutor, ProcessExecutor, available_cores
+    from simulator.explore.search import simulate_candidate, verification_memory_workers
+    from simulator.scenario.loader import read_scenario_document
+
+    cores = available_cores()
+    assert verification_memory_workers(ProcessExecutor(cores), cores) == 0
+    assert verification_memory_workers(InlineExecutor(), 10) is None
+    if cores > 1:
+        assert verification_memory_workers(ProcessExecutor(cores), cores - 1) is None
+        assert verification_memory_workers(ProcessExecutor(cores - 1), 10) is None
+    source = str(Path(__file__).resolve().parents[1] / "scenarios" / "multi" / "llama7b-4x4090-tp2-pp2.toml")
+    document = read_scenario_document(source)
+    alone = simulate_candidate((document, source, []))
+    assert alone[0] is not None
+    assert simulate_candidate((document, source, [], 0)) == alone
+    assert simulate_candidate((document, source, [], 2)) == alone

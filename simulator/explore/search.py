@@ -128,16 +128,17 @@ class InProcess:
 QUIET = ["run.record_events=false"]
 
 
-def simulate_candidate(job: tuple[dict, str, list[str]]) -> tuple[dict | None, str | None]:
-    """Simulate one candidate (document, source, overrides): (its report, None), or (None, the one-line reason)
-    when the run fails. A module-level function so that process-pool and Dask executors can ship it."""
+def simulate_candidate(job: tuple) -> tuple[dict | None, str | None]:
+    """Simulate one candidate (document, source, overrides[, memory workers]): (its report, None), or (None, the
+    one-line reason) when the run fails. A module-level function so that process-pool and Dask executors can ship
+    it. The memory workers (None: chosen by the run, engine/memory_worker.py) change no result."""
     from simulator.api import simulate
 
-    document, source, settings = job
+    document, source, settings, *rest = job
     drop_worker_caches()
     try:
         return simulate(scenario_from_dict(document, source, settings + QUIET), timelines=False,
-                        events=False).report, None
+                        events=False, memory_workers=rest[0] if rest else None).report, None
     except MemsimError as error:
         return None, rule(str(error), source)
     except Exception as error:          # noqa: BLE001
@@ -167,6 +168,16 @@ def _shortfall(report: dict) -> str:
     need = worst["peak_reserved_bytes"] + worst["context_bytes"]
     return (f"does not fit: stage {worst['stage']} needs {need / 2**30:.1f} GiB of {worst['capacity_bytes'] / 2**30:.1f}"
             f" GiB ({(need - worst['capacity_bytes']) / 2**30:+.1f} GiB)")
+
+
+def verification_memory_workers(executor, jobs: int) -> int | None:
+    """The memory workers of each verified simulation: none where a process pool of this machine already runs a
+    simulation on every core (two GPT-3 175B / 1,024-GPU runs side by side on 2 cores: 21.3-22.0 s of wall with
+    their workers, 17.3-19.8 s without, docs/explore.md); else the run's own choice (None)."""
+    from simulator.explore.executors import ProcessExecutor, available_cores
+
+    busy = isinstance(executor, ProcessExecutor) and min(executor.workers, jobs) >= available_cores()
+    return 0 if busy else None
 
 
 def _spread(executor) -> bool:
@@ -274,7 +285,8 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
                                             if c.verdict == UNKNOWN))
     if verify and (ranked or unknown):
         top = ranked[:top_k] + unknown[:max(0, top_k - len(ranked))]
-        jobs = [(document, source, fixed + c.overrides) for c in top]
+        workers = verification_memory_workers(runner, len(top))
+        jobs = [(document, source, fixed + c.overrides, workers) for c in top]
         results = []
         for candidate, (report, error) in zip(top, runner.map(simulate_candidate, jobs)):
             results.append(Verified(candidate, report, error))
