@@ -50,6 +50,13 @@ def spare_core() -> bool:
     return fork_safe() and os.getloadavg()[0] < cores()
 
 
+def write_answer(fd: int, answer: tuple[bool, Any]) -> None:
+    """In a forked child: write its answer, (whether it computed it, the value or None / the error), to the pipe
+    `fd` and close it (a Forked's result or a memory worker's parent reads it with pickle.loads)."""
+    with os.fdopen(fd, "wb") as out:
+        out.write(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+
+
 class Forked:
     """fn(*args) computed in a forked child process. `own_group`: the child leads a process group of its own, so
     that `cancel` also stops the processes it forks (they stay in its group)."""
@@ -72,8 +79,7 @@ class Forked:
                     answer = (True, fn(*args))
                 except Exception:                     # the caller computes it again and sees the error there
                     answer = (False, None)
-                with os.fdopen(write, "wb") as out:
-                    out.write(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+                write_answer(write, answer)
                 status = 0
             finally:
                 os._exit(status)

@@ -25,7 +25,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from simulator.engine.memory_log import apply
-from simulator.forked import cores, fork_available, fork_safe
+from simulator.forked import cores, fork_available, fork_safe, write_answer
 from simulator.trace.records import AllocatorEvent
 
 if TYPE_CHECKING:
@@ -260,8 +260,7 @@ def _serve(states: list[RankState], calls_fd: int, outcome_fd: int) -> None:
             answer = (True, {i: states[i].memory.outcome(event_rows=True) for i in served})
         except Exception as error:                          # raised by the engine instead
             answer = (False, error)
-        with os.fdopen(outcome_fd, "wb") as out:
-            out.write(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+        write_answer(outcome_fd, answer)
         status = 0
     finally:
         os._exit(status)

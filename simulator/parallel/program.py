@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from simulator.errors import PlanError
-from simulator.workload.graph import Op, Tensor, moved_ids
+from simulator.workload.graph import Op, Tensor, moved_ids, slot_constructor
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
 TRANSFER_ROUTES = ("d2h", "h2d", "nvme_read", "nvme_write", "host")
@@ -230,13 +230,6 @@ _new_instance = object.__new__
 _set_event = (Signal.__dict__["event"].__set__, WaitFor.__dict__["event"].__set__)
 
 
-class _CollectiveSlots:
-    """Collective's slots, writable: `checked_collective` fills one, then makes it a Collective by assigning
-    `__class__` (allowed between classes of the same slot layout), at half the cost of eight slot setters."""
-
-    __slots__ = Collective.__slots__
-
-
 def signal(event: str) -> Signal:
     """Signal(event), built fast."""
     instance = _new_instance(Signal)
@@ -251,29 +244,12 @@ def wait_for(event: str) -> WaitFor:
     return instance
 
 
-def checked_collective(name: str, kind: str, group: tuple[int, ...], size_bytes: float, allocs: tuple[int, ...],
-                       frees: tuple[int, ...], iteration: int, moved: tuple | None) -> Collective:
-    """Collective(...) with name, kind, group and size_bytes already validated by an equal Collective."""
-    instance = _CollectiveSlots()
-    instance.name = name
-    instance.kind = kind
-    instance.group = group
-    instance.size_bytes = size_bytes
-    instance.allocs = allocs
-    instance.frees = frees
-    instance.iteration = iteration
-    instance.moved = moved
-    instance.__class__ = Collective
-    return instance
-
-
-class _SendSlots:
-    __slots__ = Send.__slots__
-
-
-class _RecvSlots:
-    __slots__ = Recv.__slots__
-
+# Collective(...) with name, kind, group and size_bytes already validated by an equal Collective
+# (workload/graph.py slot_constructor: a twin of its slot layout filled, then made a Collective).
+checked_collective = slot_constructor(Collective, ("name", "kind", "group", "size_bytes", "allocs", "frees",
+                                                   "iteration", "moved"))
+_new_send = slot_constructor(Send, ("name", "peer", "size_bytes", "tag", "iteration"))
+_new_recv = slot_constructor(Recv, ("name", "peer", "size_bytes", "tag", "allocs", "iteration"))
 
 _CHECKED_MESSAGES: set[tuple[int, float]] = set()    # (peer, size_bytes) a Send or Recv constructor validated
 
@@ -288,49 +264,19 @@ def _check_message(kind: type, name: str, peer: int, size_bytes: float) -> None:
         _CHECKED_MESSAGES.add((peer, size_bytes))
 
 
-def _message(kind: type, twin: type, name: str, peer: int, size_bytes: float, tag: str, iteration: int):
-    """A `twin` (kind's slot layout) with a Send's or Recv's common fields, validated as kind(...) is."""
-    _check_message(kind, name, peer, size_bytes)
-    instance = twin()
-    instance.name = name
-    instance.peer = peer
-    instance.size_bytes = size_bytes
-    instance.tag = tag
-    instance.iteration = iteration
-    return instance
-
-
 def send(name: str, peer: int, size_bytes: float, tag: str, iteration: int) -> Send:
     """Send(name, peer, size_bytes, tag, iteration), built fast (as checked_collective; validated as Send is)."""
-    instance = _message(Send, _SendSlots, name, peer, size_bytes, tag, iteration)
-    instance.__class__ = Send
-    return instance
+    _check_message(Send, name, peer, size_bytes)
+    return _new_send(name, peer, size_bytes, tag, iteration)
 
 
 def recv(name: str, peer: int, size_bytes: float, tag: str, allocs: tuple[int, ...], iteration: int) -> Recv:
     """Recv(name, peer, size_bytes, tag, allocs, iteration), built fast (validated as Recv is)."""
-    instance = _message(Recv, _RecvSlots, name, peer, size_bytes, tag, iteration)
-    instance.allocs = allocs
-    instance.__class__ = Recv
-    return instance
+    _check_message(Recv, name, peer, size_bytes)
+    return _new_recv(name, peer, size_bytes, tag, allocs, iteration)
 
 
-def _memory_call(kind: type):
-    """kind(tensors, reason) built fast, for Alloc and Free (no validation to skip: as their constructors)."""
-    twin = type(f"_{kind.__name__}Slots", (), {"__slots__": kind.__slots__})
-
-    def make(tensors: tuple[int, ...], reason: str):
-        instance = twin()
-        instance.tensors = tensors
-        instance.reason = reason
-        instance.__class__ = kind
-        return instance
-
-    make.__doc__ = f"{kind.__name__}(tensors, reason), built fast."
-    return make
-
-
-alloc, free = _memory_call(Alloc), _memory_call(Free)
+alloc, free = (slot_constructor(kind, ("tensors", "reason")) for kind in (Alloc, Free))   # kind(tensors, reason)
 
 
 class Blocking(NamedTuple):

@@ -125,8 +125,9 @@ def slot_constructor(cls: type, names: tuple[str, ...]) -> Callable:
     """A function of `names` (the first fields of the frozen, slotted dataclass `cls`, in order) that returns
     cls(*values) with every later field at its default, without the frozen dataclass's per-field
     object.__setattr__ (~6x cheaper for an Op): a twin class of cls's slot layout is filled, then made a `cls` by
-    assigning `__class__` (as parallel/program.py's constructors do). For the builders' hot path: the replay makes
-    every op and tensor of an iteration (tests/test_fast_graph.py compares the values field by field)."""
+    assigning `__class__`. For the hot paths: the replay makes every op and tensor of an iteration, the lowering
+    (parallel/program.py) millions of collectives, messages and memory calls (tests/test_fast_graph.py and
+    tests/test_lowering_compiled.py compare the values with the constructors')."""
     fields = dataclasses.fields(cls)
     if tuple(f.name for f in fields[:len(names)]) != names or any(
             f.default is dataclasses.MISSING for f in fields[len(names):]):
