@@ -44,14 +44,29 @@ def _set(key: str, value: object) -> str:
     return f"{key}={toml_value(value)}"
 
 
-def _recompute(s: Scenario, gpus: int) -> list[Change]:
+class Bundled:
+    """The bundled topologies, (name, Topology) each, read on first use and then kept: one per single_changes call
+    (two generators look through them; a later call reads the files again, as one may have changed meanwhile)."""
+
+    def __init__(self) -> None:
+        self._loaded: list | None = None
+
+    def topologies(self) -> list:
+        if self._loaded is None:
+            from simulator.network.topology import list_topologies, load_topology
+
+            self._loaded = [(name, load_topology(name)) for name in list_topologies()]
+        return self._loaded
+
+
+def _recompute(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     modes = {"none": ("selective", "full"), "selective": ("full",)}.get(s.training.recompute, ())
     if s.training.recompute.startswith("segments:"):
         modes = ("full",)
     return [Change(f"{mode} recompute", "recompute", (_set("training.recompute", mode),), gpus) for mode in modes]
 
 
-def _micro_batch(s: Scenario, gpus: int) -> list[Change]:
+def _micro_batch(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     t = s.training
     sizes = []
     size = t.micro_batch_size // 2
@@ -63,20 +78,20 @@ def _micro_batch(s: Scenario, gpus: int) -> list[Change]:
                    (_set("training.micro_batch_size", size),), gpus) for size in sizes]
 
 
-def _precision(s: Scenario, gpus: int) -> list[Change]:
+def _precision(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     if s.training.precision in ("fp32", "bf16-mixed", "fp16-mixed"):
         return [Change("pure bf16 (weights, gradients and Adam states in bf16)", "precision",
                        (_set("training.precision", "bf16"),), gpus)]
     return []
 
 
-def _optimizer(s: Scenario, gpus: int) -> list[Change]:
+def _optimizer(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     if s.training.optimizer == "adamw":
         return [Change("8-bit Adam (bitsandbytes)", "optimizer", (_set("training.optimizer", "adam-8bit"),), gpus)]
     return []
 
 
-def _zero(s: Scenario, gpus: int) -> list[Change]:
+def _zero(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     p = s.parallel
     if p.dp == 1:
         return []
@@ -85,7 +100,7 @@ def _zero(s: Scenario, gpus: int) -> list[Change]:
             for stage in range(p.zero_stage + 1, highest + 1)]
 
 
-def _one_gpu_topology(s: Scenario) -> str | None:
+def _one_gpu_topology(s: Scenario, bundled: Bundled) -> str | None:
     """A bundled one-GPU topology (host memory, PCIe, drives) of the scenario's device, for offload on one card."""
     from simulator.hardware.catalog import get_device
 
@@ -93,34 +108,19 @@ def _one_gpu_topology(s: Scenario) -> str | None:
         get_device(s.cluster.topology)
     except MemsimError:
         return s.cluster.topology          # already a topology: offload runs there
-    for name, topology in _bundled_topologies():
+    for name, topology in bundled.topologies():
         if topology.num_gpus == 1 and topology.gpu_device.name == s.cluster.topology:
             return name
     return None
 
 
-_loaded_topologies: list | None = None
-
-
-def _bundled_topologies() -> list:
-    """(name, Topology) of every bundled topology, each file read once per single_changes call (two generators
-    look through them)."""
-    global _loaded_topologies
-    loaded = _loaded_topologies           # a local: another thread's single_changes may reset the global meanwhile
-    if loaded is None:
-        from simulator.network.topology import list_topologies, load_topology
-
-        loaded = _loaded_topologies = [(name, load_topology(name)) for name in list_topologies()]
-    return loaded
-
-
-def _offload(s: Scenario, gpus: int) -> list[Change]:
+def _offload(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     """ZeRO-Offload / ZeRO-Infinity as DeepSpeed runs them (what simulator/offload/ simulates: pp = 1, AdamW,
     16-bit mixed precision, no gradient accumulation)."""
     p, t = s.parallel, s.training
     if p.pp > 1 or t.optimizer != "adamw" or t.precision not in ("fp32", "bf16-mixed", "fp16-mixed"):
         return []
-    topology = _one_gpu_topology(s) if gpus == 1 else s.cluster.topology
+    topology = _one_gpu_topology(s, bundled) if gpus == 1 else s.cluster.topology
     if topology is None:
         return []
     base = [_set("training.framework", "deepspeed"),
@@ -141,7 +141,7 @@ def _offload(s: Scenario, gpus: int) -> list[Change]:
             for label, stage, optimizer, params in plans]
 
 
-def _peft(s: Scenario, gpus: int) -> list[Change]:
+def _peft(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     """Fine-tune adapters instead of the model (a different training: only the adapters learn): LoRA with PEFT's
     defaults, and QLoRA on NF4 base weights (workload/peft.py; framework torch, tp = pp = 1, no offload)."""
     from simulator.offload.config import offloading
@@ -157,11 +157,11 @@ def _peft(s: Scenario, gpus: int) -> list[Change]:
             Change("QLoRA (NF4 base weights, r 8 adapters)", "peft", (_set("training.peft", "qlora"),), gpus)]
 
 
-def _host_embeddings(s: Scenario, gpus: int) -> list[Change]:
+def _host_embeddings(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     """A DLRM's embedding tables in host memory (offload/embeddings.py: one GPU with host memory)."""
     if s.model.architecture != "dlrm" or s.model.embedding_placement == "host" or s.parallel.dp > 1:
         return []
-    topology = _one_gpu_topology(s)
+    topology = _one_gpu_topology(s, bundled)
     if topology is None:
         return []
     sets = [_set("model.embedding_placement", "host")]
@@ -170,13 +170,13 @@ def _host_embeddings(s: Scenario, gpus: int) -> list[Change]:
     return [Change("embedding tables in host memory (lookups and updates on the host)", "offload", tuple(sets), gpus)]
 
 
-def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
+def _more_gpus(s: Scenario, gpus: int, bundled: Bundled) -> list[Change]:
     """More GPUs of the same kind: a node of the same device for a one-card job (tensor parallelism across it, or
     ZeRO-3 data parallelism), twice the nodes for a cluster job (dp doubled, its states sharded)."""
     p, t = s.parallel, s.training
     changes = []
     if gpus == 1:
-        for name, topology in _bundled_topologies():
+        for name, topology in bundled.topologies():
             if topology.num_gpus < 2 or topology.gpu_device.name != s.cluster.topology:
                 continue
             n = topology.num_gpus
@@ -200,7 +200,7 @@ def _more_gpus(s: Scenario, gpus: int) -> list[Change]:
     return changes
 
 
-GENERATORS: tuple[Callable[[Scenario, int], list[Change]], ...] = (
+GENERATORS: tuple[Callable[[Scenario, int, Bundled], list[Change]], ...] = (
     _host_embeddings, _recompute, _micro_batch, _precision, _optimizer, _zero, _offload, _peft, _more_gpus)
 """The axes of change, in the order they are listed when they cost the same (and simulated in, where the estimate
 cannot rank them: a DLRM's host tables first, as they are what frees its GPU)."""
@@ -208,11 +208,8 @@ cannot rank them: a DLRM's host tables first, as they are what frees its GPU).""
 
 def single_changes(scenario: Scenario, gpus: int) -> list[Change]:
     """Every one-axis change to `scenario` (running on `gpus` GPUs) that the generators propose."""
-    global _loaded_topologies
-    try:
-        return [change for generate in GENERATORS for change in generate(scenario, gpus)]
-    finally:
-        _loaded_topologies = None          # read again by the next call (a file may have changed meanwhile)
+    bundled = Bundled()
+    return [change for generate in GENERATORS for change in generate(scenario, gpus, bundled)]
 
 
 def _combine(changes: Sequence[Change], size: int) -> list[Change]:
