@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from simulator.engine.options import EngineOptions
 
 _event_of = attrgetter("event")
-_first = itemgetter(0)
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
 MAX_OVERLAPPED_RUNS = 8       # runs between a Signal and the WaitFor of an overlapped inline collective, at most
 
@@ -91,8 +90,9 @@ class RankState:
         self.host_intervals = IntervalLog()
         self.offload_exposed = IntervalLog()
         self.host_events: list[tuple[float, int, tuple[int, ...]]] = []
-        waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
-        signalled: dict[str, set[str]] = {}          # stream -> the events it signals
+        wait_at: dict[str, dict[str, int]] = {}      # stream -> event -> index of its (last) WaitFor on it
+        wait_stream: dict[str, str] = {}             # event -> the (last) stream waiting for it
+        signalled: dict[str, dict[str, int] | set[str]] = {}   # stream -> the events it signals (compute: -> first)
         compute_signals: list[int] = []              # indices of the compute stream's Signals
         waited: list[list[str]] = []                 # per stream, the events of its WaitFors
         periods = 0
@@ -104,27 +104,31 @@ class RankState:
                                          program.blocks.get(name, ()))
             kinds = list(map(type, picked))
             is_wait = list(map(is_, kinds, repeat(WaitFor)))
-            waits = list(compress(positions, is_wait))
             wait_events = list(map(_event_of, compress(picked, is_wait)))
             waited.append(wait_events)
-            waiting.update(zip(wait_events, zip(repeat(name), waits)))
+            wait_at[name] = dict(zip(wait_events, compress(positions, is_wait)))
+            wait_stream.update(zip(wait_events, repeat(name)))
             periods += kinds.count(Period)
             is_signal = list(map(is_, kinds, repeat(Signal)))
-            signals = list(compress(positions, is_signal))
-            signalled[name] = set(map(_event_of, compress(picked, is_signal)))
+            signal_events = list(map(_event_of, compress(picked, is_signal)))
             if name == COMPUTE_STREAM:
-                compute_signals = signals
-        # event -> WaitFor instructions on it (all streams): each event once, unless some is waited for twice or more
-        if sum(map(len, waited)) == len(waiting):
-            self.waiters: dict[str, int] = dict.fromkeys(waiting, 1)
+                compute_signals = list(compress(positions, is_signal))
+                # event -> its first Signal (reversed: the first one written last)
+                signalled[name] = dict(zip(reversed(signal_events), reversed(compute_signals)))
+            else:
+                signalled[name] = set(signal_events)
+        # events waited for twice or more (all streams) -> how many WaitFors; an event waited for once is not listed
+        if sum(map(len, waited)) == len(wait_stream):
+            self.waiters: dict[str, int] = {}
             shared = ()
         else:
-            self.waiters = dict(Counter(chain.from_iterable(waited)))
-            shared = [event for event, count in self.waiters.items() if count > 1]
+            counts = Counter(chain.from_iterable(waited))
+            self.waiters = {event: count for event, count in counts.items() if count > 1}
+            shared = list(self.waiters)
         self.memory.boundaries_left = periods
-        self.wait_stream = dict(zip(waiting, map(_first, waiting.values())))    # events with one WaitFor -> stream
         for event in shared:
-            del self.wait_stream[event]
+            del wait_stream[event]
+        self.wait_stream = wait_stream               # events with one WaitFor -> its stream
         # Inline candidates (see engine/inline.py): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
         self.inline_plans: dict[str, tuple[str, int]] = {}
@@ -136,17 +140,24 @@ class RankState:
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         self.moved_plans = 0                         # compute Signals planned from their key's first copy (tests)
         if options.inline_collectives:
-            self._plan_inline(waiting, signalled, compute_signals, options.inline_overlapped, shared)
+            self._plan_inline(wait_at, signalled, compute_signals, options.inline_overlapped, shared)
 
-    def _plan_inline(self, waiting: dict[str, tuple[str, int]], signalled: dict[str, set[str]],
-                     compute_signals: list[int], overlapped: bool, shared) -> None:
+    def _plan_inline(self, wait_at: dict[str, dict[str, int]], signalled: dict, compute_signals: list[int],
+                     overlapped: bool, shared) -> None:
         streams = self.program.streams
         compute = streams.get(COMPUTE_STREAM, ())
-        by_compute = signalled.get(COMPUTE_STREAM, set())
+        by_compute = signalled.get(COMPUTE_STREAM, {})       # event -> the compute stream's first Signal of it
         by_others = set().union(*(events for name, events in signalled.items() if name != COMPUTE_STREAM))
-        where_of, plans, overlaps = waiting.get, self.inline_plans, self.overlap_plans     # hot loop: locals
+        plans, overlaps = self.inline_plans, self.overlap_plans     # hot loop: locals
+        stream_of = self.wait_stream.get
+
+        def where_of(event: str) -> tuple[str, int] | None:
+            """(stream, index) of the WaitFor on `event`; None when none or several wait for it."""
+            name = stream_of(event)
+            return None if name is None else (name, wait_at[name][event])
+
         shared = set(shared)          # events waited for more than once
-        signal_at = {compute[i].event: i for i in reversed(compute_signals)} if overlapped else {}   # first
+        signal_at = by_compute
         last = len(compute) - 1
 
         def plan(i: int) -> None:
