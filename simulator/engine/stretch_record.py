@@ -49,7 +49,9 @@ class StretchRecord:
                                       # number + i before piece i's calls)
     copy: tuple | None                # (template, offset, iteration, low, blocking) of the micro-batch copy it lay
                                       # in (Program.copies), (key, offset, tail) of the template copy's part
-                                      # (Program.blocks), or None: Stretches.copy_of
+                                      # (Program.blocks), a chain of them, or None: Stretches.copy_of
+    probes: tuple                     # positions of a run of each part of a chain after its first (their shifts
+                                      # must be the first run's): Stretches.chain_probes
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)

@@ -76,7 +76,10 @@ class Stretches:
         # template's own micro-batch (not moved) matches a moved copy's runs but rarely its collectives.
         count = len(instructions)
         candidates = [(record, index + record.length) for record in records if index + record.length <= count]
-        copied = [record.copy is not None and self.copy_of(index, end) == record.copy for record, end in candidates]
+        shift = first.shift
+        copied = [record.copy is not None and self.copy_of(index, end) == record.copy
+                  and all([instructions[index + p].shift == shift for p in record.probes])
+                  for record, end in candidates]
         for (record, end), same_copy in sorted(zip(candidates, copied), key=lambda pair: not pair[1]):
             if not same_copy:
                 position, op = record.probe
@@ -100,19 +103,62 @@ class Stretches:
         """(template, offset, iteration, low, blocking) of the micro-batch copy holding instructions [index, end)
         of the compute stream; (key, offset, tail) of the template copy's part (Program.blocks) holding them but
         for a tail of up to MAX_TAIL Allocs and Frees after it (a backward's "micro-batch done" Free: their
-        positions are matched as a record's others, and nothing else of them is recorded); or None."""
+        positions are matched as a record's others, and nothing else of them is recorded); ("chain", offset,
+        parts, tail) when they run on over consecutive copies and parts, each named as above but for the offset
+        (a last stage's forward, backward and what follows, with no instruction between them; the later parts'
+        shifts are checked at their runs: `chain_probes`); or None."""
         i = bisect_right(self.copy_starts, index) - 1
         if i < 0:
             return None
         start, stop, named = self.copies[i]
+        if end > stop and i + 1 < len(self.copies) and self.copies[i + 1][0] == stop:
+            parts = [named]
+            j = i + 1
+            while True:
+                _, stop, named = self.copies[j]
+                parts.append(named)
+                if end <= stop:
+                    return ("chain", index - start, tuple(parts), 0)
+                j += 1
+                if j == len(self.copies) or self.copy_starts[j] != stop:
+                    break             # the next part does not start where this one ends
+            tail = self._tail((), stop, end)
+            return None if tail is None else ("chain", index - start, tuple(parts), tail)
         if len(named) == 1:
-            if end > stop and (end - stop > MAX_TAIL
-                               or not all(type(ins) is Alloc or type(ins) is Free for ins in self.compute[stop:end])):
-                return None
-            return named[0], index - start, end - stop if end > stop else 0
+            tail = self._tail(named, stop, end)
+            return None if tail is None else (named[0], index - start, tail)
         if end > stop:
             return None
         return (named[0], index - start, *named[1:])
+
+    def _tail(self, named: tuple, stop: int, end: int) -> int | None:
+        """How many Allocs and Frees a stretch ending at `end` holds after a part named `named` ending at `stop`
+        (None: more than MAX_TAIL, other instructions, or a single micro-batch copy, which takes no tail; `named`
+        () after a chain, which does)."""
+        if end <= stop:
+            return 0
+        if len(named) > 1 or end - stop > MAX_TAIL \
+                or not all(type(ins) is Alloc or type(ins) is Free for ins in self.compute[stop:end]):
+            return None
+        return end - stop
+
+    def chain_probes(self, index: int, copy: tuple | None) -> tuple | None:
+        """For a stretch at `index` named `copy` by copy_of: the positions, relative to `index`, of the first run of
+        each part after its first when it is a chain, () when it is not; None when a later part has no run."""
+        if copy is None or copy[0] != "chain":
+            return ()
+        i = bisect_right(self.copy_starts, index) - 1
+        probes = []
+        for start, stop, _ in self.copies[i + 1:i + len(copy[2])]:
+            if start == stop:
+                continue                  # an empty part: nothing of it to check
+            for position in range(start, stop):
+                if type(self.compute[position]) is Run:
+                    probes.append(position - index)
+                    break
+            else:
+                return None
+        return tuple(probes)
 
     def _inline_starts(self, state: RankState, network, instructions, index: int, record: StretchRecord,
                        copied: bool, now_s: float) -> dict[str, int] | None:
@@ -433,8 +479,14 @@ class Stretches:
         record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(overlaps), tuple(others),
                                tuple(program), tuple(span_runs), tuple(span_points), tuple(comm), tuple(exposures),
                                tuple(sample_steps), tuple(words), tuple(bases), tuple(pieces), tuple(first_k),
-                               isolated, dropped, self.count, self.copy_of(index, end))
+                               isolated, dropped, self.count, *self._named(index, end))
         return record, first_k
+
+    def _named(self, index: int, end: int) -> tuple:
+        """(copy_of, chain_probes) of the stretch [index, end), (None, ()) when a part of its chain has no run."""
+        copy = self.copy_of(index, end)
+        probes = self.chain_probes(index, copy)
+        return (None, ()) if probes is None else (copy, probes)
 
 
 def _runs_match(columns: tuple, stretch, shift: int) -> bool:
