@@ -50,6 +50,13 @@ def _outside(instructions: tuple, copies: tuple, blocks: tuple = ()) -> tuple[Se
     return positions, itemgetter(*positions)(instructions)
 
 
+def _same_shape(shape: list | None, first: list) -> bool:
+    """Whether two _loose_shape lists are equal, collectives by identity (a part's moved plans share the objects)."""
+    return shape is not None and len(shape) == len(first) and all(
+        a is b or (a is not None and b is not None and len(a) == len(b) and a[:3] == b[:3]
+                   and (len(a) < 4 or a[3] is b[3])) for a, b in zip(shape, first))
+
+
 class RankState:
     """One simulated rank while it runs: its memory, trace, events, blocked streams and inline plans."""
 
@@ -139,6 +146,9 @@ class RankState:
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         self.moved_plans = 0                         # compute Signals planned from their key's first copy (tests)
+        # Starts of the compute stream's template parts whose Signals' plans are all their key's first part's
+        # moved (_plan_blocks): two such parts of one key have the same plans but for their sibling part's start.
+        self.moved_parts: set[int] = set()
         if options.inline_collectives:
             self._plan_inline(wait_at, signalled, compute_signals, options.inline_overlapped, shared)
 
@@ -276,6 +286,14 @@ class RankState:
                 columns[1].append(k - c_start)
                 columns[2].append(gap)
             moved.update(map(add, offsets, repeat(start0)))
+            # The loose Signals' plans relative to their stream's sibling part: a copy whose loose plans are these
+            # too has all its plans moved ones (moved_parts).
+            siblings = {name: sibling for _, name, sibling in groups}
+            if len(siblings) < len({(name, sibling) for _, name, sibling in groups}):
+                siblings = {}             # two sibling keys on one stream: not described
+            shape = self._loose_shape(loose, start0, siblings, parts_of, 0)
+            if shape is not None:
+                self.moved_parts.add(start0)
             for n in range(1, len(parts)):
                 start = parts[n][0]
                 made = []
@@ -297,11 +315,33 @@ class RankState:
                             overlaps.update(zip(readies, zip(repeat(name), ks, gaps, collectives)))
                     moved.update(map(add, offsets, repeat(start)))
                     self.moved_plans += len(offsets) - len(loose)
+                    if shape is not None and _same_shape(self._loose_shape(loose, start, siblings, parts_of, n),
+                                                         shape):
+                        self.moved_parts.add(start)
                     continue
                 for s in offsets:
                     plan(start + s)
                 moved.update(map(add, offsets, repeat(start)))
         return [i for i in compute_signals if i not in moved]
+
+    def _loose_shape(self, loose: list[int], start: int, siblings: dict[str, int], parts_of: dict,
+                     n: int) -> list | None:
+        """The plans of the Signals at `loose` (offsets from `start`) of the n-th part of a key, each as (stream,
+        k less the start of that stream's n-th sibling part, gap, collective) or (stream, k less it) or None;
+        None when a plan's stream has no sibling part (`siblings`: stream -> the sibling key)."""
+        shape = []
+        compute = self.program.streams[COMPUTE_STREAM]
+        for s in loose:
+            ready = compute[start + s].event
+            found = self.overlap_plans.get(ready) or self.inline_plans.get(ready)
+            if found is None:
+                shape.append(None)
+                continue
+            sibling = siblings.get(found[0])
+            if sibling is None:
+                return None
+            shape.append((found[0], found[1] - parts_of[found[0]][2][sibling][n], *found[2:]))
+        return shape
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
         """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (inline.inline):

@@ -52,6 +52,8 @@ class StretchRecord:
                                       # (Program.blocks), a chain of them, or None: Stretches.copy_of
     probes: tuple                     # positions of a run of each part of a chain after its first (their shifts
                                       # must be the first run's): Stretches.chain_probes
+    overlap_part: int | None          # where the template part holding all its overlaps starts, relative to the
+                                      # stretch, if RankState moved that part's plans (RankState.moved_parts)
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)
@@ -64,7 +66,8 @@ class StretchRecord:
                                                # phase codes, packer of its times)
     comm_times: tuple = field(init=False)      # pickers of every collective's start and end times, in order
     exposure_times: tuple = field(init=False)  # pickers of the exposures' start and end times
-    cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of each collective after a Signal, in order
+    cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of the last collective after a Signal of each
+                                               # stream
     signal_inlines: tuple = field(init=False)  # the inlines after a Signal (not Blocking instructions)
     durations: tuple | None = field(init=False)   # the program's durations when it only adds (no overlap)
     final: int = field(init=False)             # the point of the clock at the end
@@ -93,8 +96,9 @@ class StretchRecord:
                                    packer(len(mine))) for name, mine in groups.items())
         self.comm_times = (picker([a for _, a, _, _ in self.comm]), picker([b for _, _, b, _ in self.comm]))
         self.exposure_times = (picker([a for a, _ in self.exposures]), picker([b for _, b in self.exposures]))
-        self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None) \
-            + tuple((name, dk + 3) for _, name, dk, _, _ in self.overlaps)
+        # Only each stream's last move stays (in the order streams first move: the cursor dict's own order).
+        self.cursor_moves = tuple(dict([(name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None]
+                                       + [(name, dk + 3) for _, name, dk, _, _ in self.overlaps]).items())
         self.signal_inlines = tuple(inline for inline in self.inlines if inline[2] is not None)
         self.durations = self.program[0][1] if len(self.program) == 1 else None
         points, clock = 1, 0

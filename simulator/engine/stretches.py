@@ -194,6 +194,12 @@ class Stretches:
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
                 return None
+        if copied and record.overlap_part is not None and record.overlap_columns is not None \
+                and index + record.overlap_part in state.moved_parts:
+            # The same part of another copy of the key, both with moved plans: its Signals' plans are the record's
+            # but for where their stream's part starts (RankState._plan_blocks), so only where that stream stands
+            # is checked, as below.
+            return self._moved_overlaps(state, network, instructions, index, record, starts, now_s)
         if record.overlap_columns is not None:
             fast = _overlaps_match(state, record.overlap_columns, instructions[index:index + record.length], starts,
                                    now_s)
@@ -224,6 +230,23 @@ class Stretches:
                     return None                  # inline.expose would find more of that stream than the record did
         if (record.inlines or record.overlaps) and network is None:
             return None
+        return starts
+
+    @staticmethod
+    def _moved_overlaps(state: RankState, network, instructions, index: int, record: StretchRecord,
+                        starts: dict[str, int], now_s: float) -> dict[str, int] | None:
+        """_inline_starts' end for a record whose overlaps' plans are moved ones of the stretch's part's key."""
+        position, name, dk, _, _ = record.overlaps[0]
+        event = instructions[index + position].event
+        first_k = state.overlap_plans[event][1] - dk
+        if not state.can_inline(name, first_k, event) or name in state.offload_streams:
+            return None
+        transfers = state.stream_transfers.get(name)
+        if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
+            return None                  # inline.expose would find more of that stream than the record did
+        if network is None:
+            return None
+        starts[name] = first_k
         return starts
 
     def _apply(self, state: RankState, network, index: int, shift: int, now_s: float, record: StretchRecord,
@@ -479,8 +502,22 @@ class Stretches:
         record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(overlaps), tuple(others),
                                tuple(program), tuple(span_runs), tuple(span_points), tuple(comm), tuple(exposures),
                                tuple(sample_steps), tuple(words), tuple(bases), tuple(pieces), tuple(first_k),
-                               isolated, dropped, self.count, *self._named(index, end))
+                               isolated, dropped, self.count, *self._named(index, end),
+                               self._overlap_part(state, index, overlaps))
         return record, first_k
+
+    def _overlap_part(self, state: RankState, index: int, overlaps: list) -> int | None:
+        """The start, relative to `index`, of the template part holding every one of `overlaps` (positions relative
+        to `index`) if its plans were moved (RankState.moved_parts), else None."""
+        if not overlaps:
+            return None
+        i = bisect_right(self.copy_starts, index + overlaps[0][0]) - 1
+        if i < 0:
+            return None
+        start, stop, named = self.copies[i]
+        if len(named) != 1 or start not in state.moved_parts or index + overlaps[-1][0] >= stop:
+            return None
+        return start - index
 
     def _named(self, index: int, end: int) -> tuple:
         """(copy_of, chain_probes) of the stretch [index, end), (None, ()) when a part of its chain has no run."""
