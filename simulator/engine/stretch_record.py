@@ -75,6 +75,7 @@ class StretchRecord:
                                                # piece after its STRETCH word (base "", time the shift: point -1)
     columns: tuple = field(init=False)         # numpy arrays to apply it: (logged words, their bases' numbers,
                                                # bases' streams, sample points, span start and end points)
+    points_pack: object = field(init=False)    # packs its points and the shift (point -1) as doubles
     probe: tuple = field(init=False)           # (position, op) of its last run: a cheap first test of a match
     overlap_columns: tuple | None = field(init=False)   # its overlaps, to match them at C speed when they are all
                                                         # on one stream that no Signal inline uses (_overlaps_match)
@@ -105,6 +106,7 @@ class StretchRecord:
         for i, (code, value) in enumerate(self.program):
             points += len(value) + (1 if i else 0) if code is ADD else len(value[1]) + 3 if code is BLOCK else 4
         self.final = points - 1
+        self.points_pack = packer(points + 1)
         words, bases, steps = [], [], []
         piece = 0
         for first, calls in self.pieces:

@@ -255,9 +255,7 @@ class Stretches:
         import numpy as np     # (imported once the first record exists)
         times = record.times(now_s)
         words, selector, names, samples, span_starts, span_ends = record.columns
-        times.append(float(shift))                     # point -1: the STRETCH words' time
-        points = np.array(times)
-        times.pop()
+        points = np.frombuffer(record.points_pack(*times, float(shift)))    # point -1: the STRETCH words' time
         if record.memory_words:
             log = state.log
             bases = np.array([index << 12 if name == COMPUTE_STREAM else starts[name] << 12 if name else 0
