@@ -20,21 +20,20 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from itertools import repeat
-from operator import attrgetter, is_, itemgetter, sub
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from simulator.engine.logs import IntervalLog, doubles, positive
 from simulator.engine.memory_log import ALLOC, COLL_ALLOC, COLL_FREE, FREE, RUN_ALLOC, RUN_FREE, where
 from simulator.engine.rank_state import COMPUTE_STREAM
-from simulator.engine.stretch_record import ADD, BLOCK, BLOCK1, StretchRecord
+from simulator.engine.stretch_record import (ADD, BLOCK, BLOCK1, StretchRecord, _others_match, _overlaps_match,
+                                             _runs_match, _same_collective, _tensors)
 from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal
 
 if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
     from simulator.engine.rank_state import RankState
 
-_EVENT = attrgetter("event")
 MIN_LENGTH = 8                # shorter stretches are not worth a record
 MAX_RECORDS = 4               # records (and failed attempts) per first op
 MAX_TAIL = 4                  # Allocs and Frees a stretch may hold after a template copy's part and match it
@@ -524,17 +523,6 @@ class Stretches:
         return (None, ()) if probes is None else (copy, probes)
 
 
-def _runs_match(columns: tuple, stretch, shift: int) -> bool:
-    """Whether the runs of `stretch` (the instructions a record would consume) are the record's: Run instructions
-    of the same ops (by identity), durations, iterations and lows, all with shift `shift`. Equal to comparing
-    field by field: recorded durations are never NaN, so tuple equality (identity first) is value equality."""
-    pick, ops, durations, iterations, lows = columns
-    runs = pick(stretch)
-    if not all(map(is_, map(type, runs), repeat(Run))):
-        return False
-    new_ops, new_durations, new_iterations, shifts, new_lows = zip(*runs)
-    return new_durations == durations and all(map(is_, new_ops, ops)) and new_iterations == iterations \
-        and new_lows == lows and shifts.count(shift) == len(shifts)
 
 
 def _calls(op_or_collective, start: int, end: int, alloc_word: int, free_word: int | None, base: str,
@@ -549,63 +537,3 @@ def _calls(op_or_collective, start: int, end: int, alloc_word: int, free_word: i
         sample_steps.append(end)
         words.append(free_word)
         bases.append(base)
-
-
-def _overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str, int], now_s: float) -> bool | None:
-    """The overlaps of a record checked at C speed, as Stretches._inline_starts checks them one by one: True (and the
-    stream's first k in `starts`) if they match, False if not, None to leave it to that loop (a collective of the
-    stretch is not the recorded object)."""
-    pick, name, dks, gaps, recorded = columns
-    signals = pick(stretch)
-    if not all(map(is_, map(type, signals), repeat(Signal))):
-        return False
-    plans = list(map(state.overlap_plans.get, map(_EVENT, signals)))
-    if None in plans:
-        return False
-    names, ks, found_gaps, collectives = zip(*plans)
-    if found_gaps != gaps or names.count(name) != len(names):
-        return False
-    first_k = ks[0] - dks[0]
-    if list(map(sub, ks, dks)).count(first_k) != len(ks):
-        return False
-    if not all(map(is_, collectives, recorded)):
-        return None
-    if not state.can_inline(name, first_k, signals[0].event) or name in state.offload_streams:
-        return False
-    transfers = state.stream_transfers.get(name)
-    if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
-        return False
-    starts[name] = first_k
-    return True
-
-
-def _others_match(columns: tuple, stretch) -> bool:
-    """Whether the Allocs and Frees of a record stand where `stretch` has instructions of the same types (their
-    memory words name those instructions; a stretch holding them logs no STRETCH word over them)."""
-    pick, kinds = columns
-    return tuple(map(type, pick(stretch))) == kinds
-
-
-def _tensors(collective, shift: int, low: int) -> tuple | None:
-    """What a collective's memory calls are matched by: its template's tensor tuples (a copy's post, moved by
-    the runs' shift and low), or its own tuples (not moved); None if moved otherwise."""
-    moved = collective.moved
-    if moved is None:
-        return (collective.allocs, collective.frees)
-    if moved[2] != shift or moved[3] != low:
-        return None
-    return (moved[0], moved[1], True)
-
-
-def _same_collective(collective, recorded, tensors: tuple, shift: int, low: int) -> bool:
-    """Whether `collective` takes as long, has the same span and makes the same memory calls as `recorded`, whose
-    memory tensors are `tensors` (see _tensors)."""
-    if collective.kind != recorded.kind or collective.group != recorded.group \
-            or collective.size_bytes != recorded.size_bytes or collective.name != recorded.name \
-            or collective.iteration != recorded.iteration:
-        return False
-    moved = collective.moved
-    if len(tensors) == 2:
-        return moved is None and collective.allocs == tensors[0] and collective.frees == tensors[1]
-    return moved is not None and moved[0] is tensors[0] and moved[1] is tensors[1] and moved[2] == shift \
-        and moved[3] == low
