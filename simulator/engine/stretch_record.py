@@ -163,12 +163,19 @@ class StretchRecord:
                 duration, run = value
                 fork = clock + duration
                 end = clock + run
-                join = max(end, fork)
+                join = fork if fork > end else end              # max(end, fork)
                 extend((fork, clock, end, join))                # (as BLOCK makes them)
                 clock = join
             else:                                               # an overlapped collective beside runs
                 duration, runs = value
                 fork = clock + duration
+                if len(runs) == 2:                              # (the loop below, unrolled: half of the blocks)
+                    first = clock + runs[0]
+                    end = first + runs[1]
+                    join = fork if fork > end else end
+                    extend((fork, clock, first, end, join))
+                    clock = join
+                    continue
                 append(fork)
                 extend(accumulate(runs, initial=clock))
                 clock = max(points[-1], fork)
