@@ -2,13 +2,17 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_engine_phases.py FILE [--set KEY=VALUE ...] [--resumes]
+    python3 -m benchmarks.bench_engine_phases FILE [--set KEY=VALUE ...] [--resumes] [--functions]
+
+(`-m` from the root, so that the tree's own `simulator` is imported, not an installed one.)
 
 Lowers FILE's programs (as `memsim run` does), then runs `simulate_programs` once in this process with the memory
 calls made here (`memory_workers=0`, no timelines or allocator events, as `memsim run --json`), timing with
 `time.process_time` (the steadier figure on a shared host): `RankState` set-up (`init`), the network model's analysis
 (`analyze`), `memory_log.apply` (`apply`) and everything else (`engine`). `--resumes` also counts the simpy resumes
 of the streams' processes (executor._stream_process steps) and the stretches replayed, under cProfile.
+`--functions` also times the set-up's inline planning and the parts of stretch replay (`FUNCTIONS`, CPU seconds
+inside each, nested ones included in their callers').
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ def _lower(path: str, overrides: list[str]) -> tuple:
     return scenario, cluster, topology, plan, programs
 
 
+def _functions():
+    from simulator.engine import stretch_record, stretches
+    return [(rank_state.RankState, "_plan_inline"), (stretches, "_runs_match"),
+            (stretches.Stretches, "_inline_starts"), (stretch_record.StretchRecord, "times"),
+            (stretches.Stretches, "_apply"), (stretches.Stretches, "replay")]
+
+
 def _timed(owner, name: str, spent: dict, key: str) -> None:
     real = getattr(owner, name)
 
@@ -60,6 +71,7 @@ def main() -> None:
     parser.add_argument("file")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     parser.add_argument("--resumes", action="store_true")
+    parser.add_argument("--functions", action="store_true")
     args = parser.parse_args()
     gc.disable()                     # as api.simulate_multi
     start = time.process_time()
@@ -69,6 +81,11 @@ def main() -> None:
     _timed(rank_state.RankState, "__init__", spent, "init")
     _timed(network_model.NetworkModel, "_analyze", spent, "analyze")
     _timed(executor, "apply", spent, "apply")
+    functions: dict[str, float] = {}
+    if args.functions:
+        for owner, name in _functions():
+            functions[name] = 0.0
+            _timed(owner, name, functions, name)
     options = executor.EngineOptions(record_timeline=False, memory_workers=0)
 
     def run():
@@ -81,7 +98,8 @@ def main() -> None:
     total = time.process_time() - start
     row = {"file": args.file, "set": args.overrides, "lowering_s": round(lowering, 2), "simulate_s": round(total, 2),
            **{f"{key}_s": round(value, 2) for key, value in spent.items()},
-           "engine_s": round(total - sum(spent.values()), 2)}
+           "engine_s": round(total - sum(spent.values()), 2),
+           **{f"{name}_s": round(value, 2) for name, value in functions.items()}}
     if args.resumes:
         profiler = cProfile.Profile()
         profiler.runcall(run)

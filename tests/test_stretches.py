@@ -15,7 +15,7 @@ from simulator.engine.results import covered
 from simulator.engine.logs import IntervalLog
 from simulator.engine.stretches import Stretches
 from simulator.engine.timelines import SampleColumns, SpanColumns
-from simulator.parallel.program import Run
+from simulator.parallel.program import Free, Run
 from simulator.report.metrics import span_sums
 from simulator.scenario import scenario_from_dict
 from simulator.trace.records import COMM_PHASE, MemorySample, Span
@@ -97,8 +97,8 @@ def test_stretches_replay_without_memory_periods(monkeypatch):
 
 @pytest.mark.parametrize("global_batch, parallel, named", [
     (48, dict(tp=8, pp=2, dp=2, sequence_parallel=True), 5),    # a compiled copy (Program.copies)
-    (32, dict(tp=8, pp=4, dp=1, sequence_parallel=True), 3),    # a template copy's part (Program.blocks)
-])
+    (32, dict(tp=8, pp=4, dp=1, sequence_parallel=True), 4),    # a template copy's part (Program.blocks) and the
+])                                                               # (empty) compiled copy after it: a chain
 def test_copies_match_as_the_instructions_do(monkeypatch, global_batch, parallel, named):
     # A stretch in the same part of a copy of the same template (Program.copies; Program.blocks, with a tail of
     # Allocs and Frees) is replayed without comparing its runs and Blocking collectives: the same result as
@@ -118,6 +118,51 @@ def test_copies_match_as_the_instructions_do(monkeypatch, global_batch, parallel
     assert sum(copied) > 0 and sum(replayed) > 0
     monkeypatch.setattr(Stretches, "copy_of", lambda self, index, end: None)
     assert _everything(api.simulate(scenario_from_dict(doc))) == fast
+
+
+@pytest.mark.parametrize("global_batch, parallel", [(32, dict(tp=8, pp=4, dp=1, sequence_parallel=True)),
+                                                    (48, dict(tp=8, pp=2, dp=2, sequence_parallel=True))])
+def test_moved_plans_match_overlaps_as_their_check_does(monkeypatch, global_batch, parallel):
+    # A record whose overlapped collectives lie in one template part with moved plans (RankState.moved_parts) is
+    # matched in the same part of another such copy without its Signals' plans compared one by one: the same
+    # results as comparing them, and the shortcut is taken.
+    doc = _steady(4, global_batch, **parallel)
+    used = []
+    real = Stretches._moved_overlaps
+
+    def spy(*args):
+        found = real(*args)
+        used.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Stretches, "_moved_overlaps", staticmethod(spy))
+    fast = _everything(api.simulate(scenario_from_dict(doc)))
+    assert sum(used) > 0
+    monkeypatch.setattr(Stretches, "_overlap_part", lambda self, state, index, overlaps: None)
+    assert _everything(api.simulate(scenario_from_dict(doc))) == fast
+
+
+def test_copy_of_names_copies_parts_and_chains_of_them():
+    # Stretches.copy_of: a compiled copy (5 fields), a template copy's part with a tail of Allocs / Frees (3), parts
+    # that follow one another with nothing between them (a chain, 4: a tail after its last part too), None where an
+    # instruction lies between two parts or the tail is not Allocs and Frees; chain_probes: a run of each later part.
+    op = Op("op", "gemm", "fwd")
+    run = Run(op, 1.0, 0, 7, 0)
+    free = Free((1,), "done")
+    compute = [run] * 10 + [free, free, run] + [run] * 5 + [free]
+    copies = [(0, 4, "t", 0, 0, ()), (4, 4, "empty", 0, 0, ()), (6, 10, "u", 0, 0, ()), (13, 18, "v", 0, 0, ())]
+    key = object()
+    stretches = Stretches(copies, [(4, 6, key, ())], compute)
+    assert stretches.copy_of(1, 4) == ("t", 1, 0, 0, ())
+    assert stretches.copy_of(1, 5) == ("chain", 1, (("t", 0, 0, ()), ("empty", 0, 0, ()), (key,)), 0)
+    chain = stretches.copy_of(1, 12)
+    assert chain == ("chain", 1, (("t", 0, 0, ()), ("empty", 0, 0, ()), (key,), ("u", 0, 0, ())), 2)
+    assert stretches.chain_probes(1, chain) == (3, 5)      # the empty copy has no run to check
+    assert stretches.copy_of(1, 13) is None                # a run after the chain: not a tail
+    assert stretches.copy_of(7, 12) is None                # a compiled copy alone takes no tail
+    assert stretches.copy_of(14, 18) == ("v", 1, 0, 0, ())
+    assert stretches.copy_of(14, 19) is None
+    assert stretches.chain_probes(14, ("v", 1, 0, 0, ())) == ()
 
 
 _PHASES = ["fwd", "bwd_input", "bwd_weight", "recompute", "optimizer", "other"]

@@ -69,6 +69,36 @@ def test_rank_set_up_with_blocks_finds_what_a_whole_scan_finds(case, overlap):
         assert set_up(program) == set_up(replace(program, copies=(), blocks={}))
 
 
+def _set_up(program):
+    state = RankState(program, make_allocator("exact", 1 << 40), 1 << 40, EngineOptions(), _Environment())
+    overlaps = {event: (name, k, gap, id(collective)) for event, (name, k, gap, collective)
+                in state.overlap_plans.items()}           # the collective object itself, as a whole scan finds it
+    return state, (state.inline_plans, overlaps)
+
+
+@pytest.mark.parametrize("case, overlap", _PROGRAM_CASES,
+                         ids=lambda value: getattr(value, "__class__", None) is tuple and f"{value[1]}-{value[5]}"
+                         or None)
+def test_inline_plans_moved_from_a_keys_first_copy_equal_planning_each_signal(case, overlap):
+    # RankState._plan_blocks plans the first part of each key and moves its plans to the other copies; a program
+    # whose other streams' parts are not listed, or listed out of order (so a copy's sibling part is not where the
+    # move would look), is planned Signal by Signal: every way, the plans of a whole scan.
+    moved, repeated = 0, False
+    for program in _lowered(case, overlap):
+        state, plans = _set_up(program)
+        moved += state.moved_plans
+        parts = program.blocks.get("compute", ())
+        repeated = repeated or len({id(part[2]) for part in parts}) < len(parts)
+        assert plans == _set_up(replace(program, copies=(), blocks={}))[1]
+        compute_only = {name: parts for name, parts in program.blocks.items() if name == "compute"}
+        assert _set_up(replace(program, blocks=compute_only))[0].moved_plans == 0
+        assert plans == _set_up(replace(program, blocks=compute_only))[1]
+        swapped = {name: parts if name == "compute" or len(parts) < 3 else (parts[0], parts[2], parts[1], *parts[3:])
+                   for name, parts in program.blocks.items()}
+        assert plans == _set_up(replace(program, blocks=swapped))[1]
+    assert moved > 0 or not repeated
+
+
 @pytest.mark.parametrize("case, overlap", _PROGRAM_CASES,
                          ids=lambda value: getattr(value, "__class__", None) is tuple and f"{value[1]}-{value[5]}"
                          or None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from itertools import chain, compress, repeat
 from operator import add, attrgetter, is_, itemgetter
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from simulator.engine.options import EngineOptions
 
 _event_of = attrgetter("event")
-_first = itemgetter(0)
 COMPUTE_STREAM = "compute"    # waits of this stream on communication are "exposed" communication
 MAX_OVERLAPPED_RUNS = 8       # runs between a Signal and the WaitFor of an overlapped inline collective, at most
 
@@ -48,6 +48,13 @@ def _outside(instructions: tuple, copies: tuple, blocks: tuple = ()) -> tuple[Se
     if len(positions) < 2:
         return positions, [instructions[i] for i in positions]
     return positions, itemgetter(*positions)(instructions)
+
+
+def _same_shape(shape: list | None, first: list) -> bool:
+    """Whether two _loose_shape lists are equal, collectives by identity (a part's moved plans share the objects)."""
+    return shape is not None and len(shape) == len(first) and all(
+        a is b or (a is not None and b is not None and len(a) == len(b) and a[:3] == b[:3]
+                   and (len(a) < 4 or a[3] is b[3])) for a, b in zip(shape, first))
 
 
 class RankState:
@@ -90,8 +97,9 @@ class RankState:
         self.host_intervals = IntervalLog()
         self.offload_exposed = IntervalLog()
         self.host_events: list[tuple[float, int, tuple[int, ...]]] = []
-        waiting: dict[str, tuple[str, int]] = {}     # event -> (stream, index) of a WaitFor on it
-        signalled: dict[str, set[str]] = {}          # stream -> the events it signals
+        wait_at: dict[str, dict[str, int]] = {}      # stream -> event -> index of its (last) WaitFor on it
+        wait_stream: dict[str, str] = {}             # event -> the (last) stream waiting for it
+        signalled: dict[str, dict[str, int] | set[str]] = {}   # stream -> the events it signals (compute: -> first)
         compute_signals: list[int] = []              # indices of the compute stream's Signals
         waited: list[list[str]] = []                 # per stream, the events of its WaitFors
         periods = 0
@@ -103,27 +111,31 @@ class RankState:
                                          program.blocks.get(name, ()))
             kinds = list(map(type, picked))
             is_wait = list(map(is_, kinds, repeat(WaitFor)))
-            waits = list(compress(positions, is_wait))
             wait_events = list(map(_event_of, compress(picked, is_wait)))
             waited.append(wait_events)
-            waiting.update(zip(wait_events, zip(repeat(name), waits)))
+            wait_at[name] = dict(zip(wait_events, compress(positions, is_wait)))
+            wait_stream.update(zip(wait_events, repeat(name)))
             periods += kinds.count(Period)
             is_signal = list(map(is_, kinds, repeat(Signal)))
-            signals = list(compress(positions, is_signal))
-            signalled[name] = set(map(_event_of, compress(picked, is_signal)))
+            signal_events = list(map(_event_of, compress(picked, is_signal)))
             if name == COMPUTE_STREAM:
-                compute_signals = signals
-        # event -> WaitFor instructions on it (all streams): each event once, unless some is waited for twice or more
-        if sum(map(len, waited)) == len(waiting):
-            self.waiters: dict[str, int] = dict.fromkeys(waiting, 1)
+                compute_signals = list(compress(positions, is_signal))
+                # event -> its first Signal (reversed: the first one written last)
+                signalled[name] = dict(zip(reversed(signal_events), reversed(compute_signals)))
+            else:
+                signalled[name] = set(signal_events)
+        # events waited for twice or more (all streams) -> how many WaitFors; an event waited for once is not listed
+        if sum(map(len, waited)) == len(wait_stream):
+            self.waiters: dict[str, int] = {}
             shared = ()
         else:
-            self.waiters = dict(Counter(chain.from_iterable(waited)))
-            shared = [event for event, count in self.waiters.items() if count > 1]
+            counts = Counter(chain.from_iterable(waited))
+            self.waiters = {event: count for event, count in counts.items() if count > 1}
+            shared = list(self.waiters)
         self.memory.boundaries_left = periods
-        self.wait_stream = dict(zip(waiting, map(_first, waiting.values())))    # events with one WaitFor -> stream
         for event in shared:
-            del self.wait_stream[event]
+            del wait_stream[event]
+        self.wait_stream = wait_stream               # events with one WaitFor -> its stream
         # Inline candidates (see engine/inline.py): compute Signal(r) -> (stream S, k) with S[k:k+3] = WaitFor(r),
         # Collective, Signal(d) and the compute stream's next instruction WaitFor(d).
         self.inline_plans: dict[str, tuple[str, int]] = {}
@@ -133,52 +145,65 @@ class RankState:
         self.overlap_plans: dict[str, tuple[str, int, int, Collective]] = {}   # (S, k, j - i, S[k + 1])
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
+        self.moved_plans = 0                         # compute Signals planned from their key's first copy (tests)
+        # Starts of the compute stream's template parts whose Signals' plans are all their key's first part's
+        # moved (_plan_blocks): two such parts of one key have the same plans but for their sibling part's start.
+        self.moved_parts: set[int] = set()
         if options.inline_collectives:
-            self._plan_inline(waiting, signalled, compute_signals, options.inline_overlapped, shared)
+            self._plan_inline(wait_at, signalled, compute_signals, options.inline_overlapped, shared)
 
-    def _plan_inline(self, waiting: dict[str, tuple[str, int]], signalled: dict[str, set[str]],
-                     compute_signals: list[int], overlapped: bool, shared) -> None:
+    def _plan_inline(self, wait_at: dict[str, dict[str, int]], signalled: dict, compute_signals: list[int],
+                     overlapped: bool, shared) -> None:
         streams = self.program.streams
         compute = streams.get(COMPUTE_STREAM, ())
-        by_compute = signalled.get(COMPUTE_STREAM, set())
+        by_compute = signalled.get(COMPUTE_STREAM, {})       # event -> the compute stream's first Signal of it
         by_others = set().union(*(events for name, events in signalled.items() if name != COMPUTE_STREAM))
-        where_of, plans, overlaps = waiting.get, self.inline_plans, self.overlap_plans     # hot loop: locals
+        plans, overlaps = self.inline_plans, self.overlap_plans     # hot loop: locals
+        stream_of = self.wait_stream.get
+
+        def where_of(event: str) -> tuple[str, int] | None:
+            """(stream, index) of the WaitFor on `event`; None when none or several wait for it."""
+            name = stream_of(event)
+            return None if name is None else (name, wait_at[name][event])
+
         shared = set(shared)          # events waited for more than once
-        signal_at = {compute[i].event: i for i in reversed(compute_signals)} if overlapped else {}   # first
+        signal_at = by_compute
         last = len(compute) - 1
-        for i in compute_signals:
+
+        def plan(i: int) -> None:
+            """The plan of the compute stream's Signal at i, if it has one."""
             if i >= last:
-                continue
+                return
             ready = compute[i].event
             where = where_of(ready)
             if where is None or ready in shared:
-                continue
+                return
             name, k = where
             if name == COMPUTE_STREAM:
-                continue
+                return
             other = streams[name]
             if k + 2 >= len(other):
-                continue
+                return
             collective, signal = other[k + 1], other[k + 2]
             if type(collective) is not Collective or type(signal) is not Signal:
-                continue
+                return
             done = signal.event
             joined = where_of(done)
             if joined is None or done in shared:
-                continue
+                return
             # After the collective the stream must sleep anyway (end, or a wait only the compute stream ends),
             # so parking it until then changes nothing.
             after = other[k + 3] if k + 3 < len(other) else None
             if after is not None and not (type(after) is WaitFor and after.event not in shared
                                           and after.event in by_compute and after.event not in by_others):
-                continue
+                return
             wait = compute[i + 1]
             if type(wait) is WaitFor and wait.event == done:
                 plans[ready] = (name, k)
-                continue
+                return
             if not overlapped or after is None or collective.allocs or collective.frees \
                     or joined[0] != COMPUTE_STREAM:
-                continue
+                return
             # The collective runs beside the runs up to compute's WaitFor(done): inline.overlap. (Its stream's next
             # ready is signalled by the compute stream only, after i: never before the compute stream gets there.)
             j = joined[1]
@@ -188,6 +213,135 @@ class RankState:
                         break
                 else:
                     overlaps[ready] = (name, k, j - i, collective)
+
+        blocks = self.program.blocks.get(COMPUTE_STREAM, ()) if not shared else ()
+        if blocks:
+            compute_signals = self._plan_blocks(blocks, compute_signals, plan, where_of)
+        for i in compute_signals:
+            plan(i)
+
+    def _plan_blocks(self, blocks: tuple, compute_signals: list[int], plan, where_of) -> list[int]:
+        """The plans of the Signals in the compute stream's template copies' parts (Program.blocks), made for the
+        first part of each key and moved to the others; returns the compute Signals left to `plan` one by one.
+
+        A template copy's parts (one per stream, appended together by overlap_templates.apply, so the n-th part
+        of one key on the compute stream and the n-th part of a sibling key on another stream are one copy) hold
+        the same instructions but for tensor ids and event numbers, and no instruction outside the copy names one
+        of its events (each is numbered once by the streams' counter). With no event waited for twice, a Signal's
+        plan then depends only on its copy's parts wherever `plan` reads nothing outside them: the Signal's next
+        instruction inside its part, and its WaitFor, collective, Signal and next instruction inside the sibling
+        part. Such Signals' plans are the first copy's moved to each copy's parts; the others are planned one by
+        one. (tests/test_template_blocks.py compares the plans with those of a whole scan.)"""
+        streams = self.program.streams
+        compute = streams[COMPUTE_STREAM]
+        plans, overlaps = self.inline_plans, self.overlap_plans
+        by_key: dict[int, list[tuple]] = {}
+        for block in blocks:
+            by_key.setdefault(id(block[2]), []).append(block)
+        # Per other stream: its parts' starts (for bisect), and per key the (start, end) of its parts in order.
+        parts_of: dict[str, tuple[list[int], list[tuple], dict[int, list[int]]]] = {}
+        for name, parts in self.program.blocks.items():
+            if name != COMPUTE_STREAM:
+                starts_by_key: dict[int, list[int]] = {}
+                for part in parts:
+                    starts_by_key.setdefault(id(part[2]), []).append(part[0])
+                parts_of[name] = ([part[0] for part in parts], parts, starts_by_key)
+        moved: set[int] = set()           # Signals planned here
+        for parts in by_key.values():
+            start0, end0, _, sync = parts[0]
+            offsets = [s for s in sync if type(compute[start0 + s]) is Signal]
+            loose: list[int] = []         # offsets planned one by one in every copy
+            groups: dict[tuple, tuple[list[int], list[int], list[int]]] = {}   # (kind, stream, key) -> columns
+            for s in offsets:
+                i = start0 + s
+                plan(i)
+                ready = compute[i].event
+                where = where_of(ready)
+                if i + 1 >= end0:
+                    loose.append(s)
+                    continue
+                if where is None or where[0] == COMPUTE_STREAM:
+                    continue              # no plan in any copy
+                name, k = where
+                found = parts_of.get(name)
+                sibling = None
+                if found is not None:
+                    at = bisect_right(found[0], k) - 1
+                    if at >= 0:
+                        c_start, c_end, c_key, _ = found[1][at]
+                        starts = found[2][id(c_key)]
+                        if c_start <= k and k + 3 < c_end and starts[0] == c_start and len(starts) == len(parts):
+                            sibling = id(c_key)
+                if sibling is None:
+                    loose.append(s)
+                    continue
+                if ready in plans:
+                    kind, gap = 0, 0
+                elif ready in overlaps:
+                    kind, gap = 1, overlaps[ready][2]
+                else:
+                    continue
+                columns = groups.setdefault((kind, name, sibling), ([], [], []))
+                columns[0].append(s)
+                columns[1].append(k - c_start)
+                columns[2].append(gap)
+            moved.update(map(add, offsets, repeat(start0)))
+            # The loose Signals' plans relative to their stream's sibling part: a copy whose loose plans are these
+            # too has all its plans moved ones (moved_parts).
+            siblings = {name: sibling for _, name, sibling in groups}
+            if len(siblings) < len({(name, sibling) for _, name, sibling in groups}):
+                siblings = {}             # two sibling keys on one stream: not described
+            shape = self._loose_shape(loose, start0, siblings, parts_of, 0)
+            if shape is not None:
+                self.moved_parts.add(start0)
+            for n in range(1, len(parts)):
+                start = parts[n][0]
+                made = []
+                for (kind, name, sibling), (signal_offsets, dks, gaps) in groups.items():
+                    c_start = parts_of[name][2][sibling][n]
+                    readies = [compute[i].event for i in map(add, signal_offsets, repeat(start))]
+                    if where_of(readies[0]) != (name, c_start + dks[0]):
+                        break             # not this copy's sibling part: every Signal planned one by one
+                    made.append((kind, name, readies, list(map(add, dks, repeat(c_start))), gaps))
+                else:
+                    for s in loose:
+                        plan(start + s)
+                    for kind, name, readies, ks, gaps in made:
+                        if kind == 0:
+                            plans.update(zip(readies, zip(repeat(name), ks)))
+                        else:
+                            other = streams[name]
+                            collectives = [other[k] for k in map(add, ks, repeat(1))]
+                            overlaps.update(zip(readies, zip(repeat(name), ks, gaps, collectives)))
+                    moved.update(map(add, offsets, repeat(start)))
+                    self.moved_plans += len(offsets) - len(loose)
+                    if shape is not None and _same_shape(self._loose_shape(loose, start, siblings, parts_of, n),
+                                                         shape):
+                        self.moved_parts.add(start)
+                    continue
+                for s in offsets:
+                    plan(start + s)
+                moved.update(map(add, offsets, repeat(start)))
+        return [i for i in compute_signals if i not in moved]
+
+    def _loose_shape(self, loose: list[int], start: int, siblings: dict[str, int], parts_of: dict,
+                     n: int) -> list | None:
+        """The plans of the Signals at `loose` (offsets from `start`) of the n-th part of a key, each as (stream,
+        k less the start of that stream's n-th sibling part, gap, collective) or (stream, k less it) or None;
+        None when a plan's stream has no sibling part (`siblings`: stream -> the sibling key)."""
+        shape = []
+        compute = self.program.streams[COMPUTE_STREAM]
+        for s in loose:
+            ready = compute[start + s].event
+            found = self.overlap_plans.get(ready) or self.inline_plans.get(ready)
+            if found is None:
+                shape.append(None)
+                continue
+            sibling = siblings.get(found[0])
+            if sibling is None:
+                return None
+            shape.append((found[0], found[1] - parts_of[found[0]][2][sibling][n], *found[2:]))
+        return shape
 
     def can_inline(self, name: str, k: int, ready: str) -> bool:
         """Whether stream `name` stands where an inlined collective at name[k + 1] needs it (inline.inline):

@@ -1,16 +1,23 @@
 """A stretch record: what one stretch of the compute stream did, relative to its start (engine/stretches.py replays
-it), with the columns that apply and match it at C speed."""
+it), with the columns that apply and match it at C speed, and the tests a stretch must pass to match it."""
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from itertools import accumulate
-from operator import add, itemgetter
+from itertools import accumulate, repeat
+from operator import add, attrgetter, is_, itemgetter, sub
+from typing import TYPE_CHECKING
 
 from simulator.engine.logs import packer, phase_array, span_columns
 from simulator.engine.memory_log import stretch_word
 from simulator.engine.rank_state import COMPUTE_STREAM
+from simulator.parallel.program import Run, Signal
+
+if TYPE_CHECKING:
+    from simulator.engine.rank_state import RankState
+
+_EVENT = attrgetter("event")
 
 ADD, BLOCK, BLOCK1 = 0, 1, 2     # StretchRecord.program's steps (BLOCK1: a BLOCK of one run)
 
@@ -49,7 +56,11 @@ class StretchRecord:
                                       # number + i before piece i's calls)
     copy: tuple | None                # (template, offset, iteration, low, blocking) of the micro-batch copy it lay
                                       # in (Program.copies), (key, offset, tail) of the template copy's part
-                                      # (Program.blocks), or None: Stretches.copy_of
+                                      # (Program.blocks), a chain of them, or None: Stretches.copy_of
+    probes: tuple                     # positions of a run of each part of a chain after its first (their shifts
+                                      # must be the first run's): Stretches.chain_probes
+    overlap_part: int | None          # where the template part holding all its overlaps starts, relative to the
+                                      # stretch, if RankState moved that part's plans (RankState.moved_parts)
     # derived in __post_init__, to apply and match the record at C speed
     run_columns: tuple = field(init=False)     # the runs' (picker from the stretch's instructions, ops, durations,
                                                # iterations, lows)
@@ -62,7 +73,8 @@ class StretchRecord:
                                                # phase codes, packer of its times)
     comm_times: tuple = field(init=False)      # pickers of every collective's start and end times, in order
     exposure_times: tuple = field(init=False)  # pickers of the exposures' start and end times
-    cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of each collective after a Signal, in order
+    cursor_moves: tuple = field(init=False)    # (stream, dk + 3) of the last collective after a Signal of each
+                                               # stream
     signal_inlines: tuple = field(init=False)  # the inlines after a Signal (not Blocking instructions)
     durations: tuple | None = field(init=False)   # the program's durations when it only adds (no overlap)
     final: int = field(init=False)             # the point of the clock at the end
@@ -70,6 +82,7 @@ class StretchRecord:
                                                # piece after its STRETCH word (base "", time the shift: point -1)
     columns: tuple = field(init=False)         # numpy arrays to apply it: (logged words, their bases' numbers,
                                                # bases' streams, sample points, span start and end points)
+    points_pack: object = field(init=False)    # packs its points and the shift (point -1) as doubles
     probe: tuple = field(init=False)           # (position, op) of its last run: a cheap first test of a match
     overlap_columns: tuple | None = field(init=False)   # its overlaps, to match them at C speed when they are all
                                                         # on one stream that no Signal inline uses (_overlaps_match)
@@ -91,14 +104,16 @@ class StretchRecord:
                                    packer(len(mine))) for name, mine in groups.items())
         self.comm_times = (picker([a for _, a, _, _ in self.comm]), picker([b for _, _, b, _ in self.comm]))
         self.exposure_times = (picker([a for a, _ in self.exposures]), picker([b for _, b in self.exposures]))
-        self.cursor_moves = tuple((name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None) \
-            + tuple((name, dk + 3) for _, name, dk, _, _ in self.overlaps)
+        # Only each stream's last move stays (in the order streams first move: the cursor dict's own order).
+        self.cursor_moves = tuple(dict([(name, dk + 3) for _, name, dk, *_ in self.inlines if dk is not None]
+                                       + [(name, dk + 3) for _, name, dk, _, _ in self.overlaps]).items())
         self.signal_inlines = tuple(inline for inline in self.inlines if inline[2] is not None)
         self.durations = self.program[0][1] if len(self.program) == 1 else None
         points, clock = 1, 0
         for i, (code, value) in enumerate(self.program):
             points += len(value) + (1 if i else 0) if code is ADD else len(value[1]) + 3 if code is BLOCK else 4
         self.final = points - 1
+        self.points_pack = packer(points + 1)
         words, bases, steps = [], [], []
         piece = 0
         for first, calls in self.pieces:
@@ -148,12 +163,19 @@ class StretchRecord:
                 duration, run = value
                 fork = clock + duration
                 end = clock + run
-                join = max(end, fork)
+                join = fork if fork > end else end              # max(end, fork)
                 extend((fork, clock, end, join))                # (as BLOCK makes them)
                 clock = join
             else:                                               # an overlapped collective beside runs
                 duration, runs = value
                 fork = clock + duration
+                if len(runs) == 2:                              # (the loop below, unrolled: half of the blocks)
+                    first = clock + runs[0]
+                    end = first + runs[1]
+                    join = fork if fork > end else end
+                    extend((fork, clock, first, end, join))
+                    clock = join
+                    continue
                 append(fork)
                 extend(accumulate(runs, initial=clock))
                 clock = max(points[-1], fork)
@@ -191,3 +213,77 @@ def picker(indices) -> itemgetter:
     if indices:
         return itemgetter(slice(indices[0], indices[0] + 1 or None))    # a one-item tuple of a tuple, a list of a list
     return itemgetter(slice(0, 0))
+
+
+# matching a stretch against a record ----------------------------------------------------------------------
+def _runs_match(columns: tuple, stretch, shift: int) -> bool:
+    """Whether the runs of `stretch` (the instructions a record would consume) are the record's: Run instructions
+    of the same ops (by identity), durations, iterations and lows, all with shift `shift`. Equal to comparing
+    field by field: recorded durations are never NaN, so tuple equality (identity first) is value equality."""
+    pick, ops, durations, iterations, lows = columns
+    runs = pick(stretch)
+    if not all(map(is_, map(type, runs), repeat(Run))):
+        return False
+    new_ops, new_durations, new_iterations, shifts, new_lows = zip(*runs)
+    return new_durations == durations and all(map(is_, new_ops, ops)) and new_iterations == iterations \
+        and new_lows == lows and shifts.count(shift) == len(shifts)
+
+
+def _overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str, int], now_s: float) -> bool | None:
+    """The overlaps of a record checked at C speed, as Stretches._inline_starts checks them one by one: True (and the
+    stream's first k in `starts`) if they match, False if not, None to leave it to that loop (a collective of the
+    stretch is not the recorded object)."""
+    pick, name, dks, gaps, recorded = columns
+    signals = pick(stretch)
+    if not all(map(is_, map(type, signals), repeat(Signal))):
+        return False
+    plans = list(map(state.overlap_plans.get, map(_EVENT, signals)))
+    if None in plans:
+        return False
+    names, ks, found_gaps, collectives = zip(*plans)
+    if found_gaps != gaps or names.count(name) != len(names):
+        return False
+    first_k = ks[0] - dks[0]
+    if list(map(sub, ks, dks)).count(first_k) != len(ks):
+        return False
+    if not all(map(is_, collectives, recorded)):
+        return None
+    if not state.can_inline(name, first_k, signals[0].event) or name in state.offload_streams:
+        return False
+    transfers = state.stream_transfers.get(name)
+    if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
+        return False
+    starts[name] = first_k
+    return True
+
+
+def _others_match(columns: tuple, stretch) -> bool:
+    """Whether the Allocs and Frees of a record stand where `stretch` has instructions of the same types (their
+    memory words name those instructions; a stretch holding them logs no STRETCH word over them)."""
+    pick, kinds = columns
+    return tuple(map(type, pick(stretch))) == kinds
+
+
+def _tensors(collective, shift: int, low: int) -> tuple | None:
+    """What a collective's memory calls are matched by: its template's tensor tuples (a copy's post, moved by
+    the runs' shift and low), or its own tuples (not moved); None if moved otherwise."""
+    moved = collective.moved
+    if moved is None:
+        return (collective.allocs, collective.frees)
+    if moved[2] != shift or moved[3] != low:
+        return None
+    return (moved[0], moved[1], True)
+
+
+def _same_collective(collective, recorded, tensors: tuple, shift: int, low: int) -> bool:
+    """Whether `collective` takes as long, has the same span and makes the same memory calls as `recorded`, whose
+    memory tensors are `tensors` (see _tensors)."""
+    if collective.kind != recorded.kind or collective.group != recorded.group \
+            or collective.size_bytes != recorded.size_bytes or collective.name != recorded.name \
+            or collective.iteration != recorded.iteration:
+        return False
+    moved = collective.moved
+    if len(tensors) == 2:
+        return moved is None and collective.allocs == tensors[0] and collective.frees == tensors[1]
+    return moved is not None and moved[0] is tensors[0] and moved[1] is tensors[1] and moved[2] == shift \
+        and moved[3] == low

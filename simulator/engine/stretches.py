@@ -20,21 +20,20 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from itertools import repeat
-from operator import attrgetter, is_, itemgetter, sub
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from simulator.engine.logs import IntervalLog, doubles, positive
 from simulator.engine.memory_log import ALLOC, COLL_ALLOC, COLL_FREE, FREE, RUN_ALLOC, RUN_FREE, where
 from simulator.engine.rank_state import COMPUTE_STREAM
-from simulator.engine.stretch_record import ADD, BLOCK, BLOCK1, StretchRecord
+from simulator.engine.stretch_record import (ADD, BLOCK, BLOCK1, StretchRecord, _others_match, _overlaps_match,
+                                             _runs_match, _same_collective, _tensors)
 from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal
 
 if TYPE_CHECKING:
     from simulator.engine.network_model import NetworkModel
     from simulator.engine.rank_state import RankState
 
-_EVENT = attrgetter("event")
 MIN_LENGTH = 8                # shorter stretches are not worth a record
 MAX_RECORDS = 4               # records (and failed attempts) per first op
 MAX_TAIL = 4                  # Allocs and Frees a stretch may hold after a template copy's part and match it
@@ -76,7 +75,10 @@ class Stretches:
         # template's own micro-batch (not moved) matches a moved copy's runs but rarely its collectives.
         count = len(instructions)
         candidates = [(record, index + record.length) for record in records if index + record.length <= count]
-        copied = [record.copy is not None and self.copy_of(index, end) == record.copy for record, end in candidates]
+        shift = first.shift
+        copied = [record.copy is not None and self.copy_of(index, end) == record.copy
+                  and all([instructions[index + p].shift == shift for p in record.probes])
+                  for record, end in candidates]
         for (record, end), same_copy in sorted(zip(candidates, copied), key=lambda pair: not pair[1]):
             if not same_copy:
                 position, op = record.probe
@@ -100,19 +102,62 @@ class Stretches:
         """(template, offset, iteration, low, blocking) of the micro-batch copy holding instructions [index, end)
         of the compute stream; (key, offset, tail) of the template copy's part (Program.blocks) holding them but
         for a tail of up to MAX_TAIL Allocs and Frees after it (a backward's "micro-batch done" Free: their
-        positions are matched as a record's others, and nothing else of them is recorded); or None."""
+        positions are matched as a record's others, and nothing else of them is recorded); ("chain", offset,
+        parts, tail) when they run on over consecutive copies and parts, each named as above but for the offset
+        (a last stage's forward, backward and what follows, with no instruction between them; the later parts'
+        shifts are checked at their runs: `chain_probes`); or None."""
         i = bisect_right(self.copy_starts, index) - 1
         if i < 0:
             return None
         start, stop, named = self.copies[i]
+        if end > stop and i + 1 < len(self.copies) and self.copies[i + 1][0] == stop:
+            parts = [named]
+            j = i + 1
+            while True:
+                _, stop, named = self.copies[j]
+                parts.append(named)
+                if end <= stop:
+                    return ("chain", index - start, tuple(parts), 0)
+                j += 1
+                if j == len(self.copies) or self.copy_starts[j] != stop:
+                    break             # the next part does not start where this one ends
+            tail = self._tail((), stop, end)
+            return None if tail is None else ("chain", index - start, tuple(parts), tail)
         if len(named) == 1:
-            if end > stop and (end - stop > MAX_TAIL
-                               or not all(type(ins) is Alloc or type(ins) is Free for ins in self.compute[stop:end])):
-                return None
-            return named[0], index - start, end - stop if end > stop else 0
+            tail = self._tail(named, stop, end)
+            return None if tail is None else (named[0], index - start, tail)
         if end > stop:
             return None
         return (named[0], index - start, *named[1:])
+
+    def _tail(self, named: tuple, stop: int, end: int) -> int | None:
+        """How many Allocs and Frees a stretch ending at `end` holds after a part named `named` ending at `stop`
+        (None: more than MAX_TAIL, other instructions, or a single micro-batch copy, which takes no tail; `named`
+        () after a chain, which does)."""
+        if end <= stop:
+            return 0
+        if len(named) > 1 or end - stop > MAX_TAIL \
+                or not all(type(ins) is Alloc or type(ins) is Free for ins in self.compute[stop:end]):
+            return None
+        return end - stop
+
+    def chain_probes(self, index: int, copy: tuple | None) -> tuple | None:
+        """For a stretch at `index` named `copy` by copy_of: the positions, relative to `index`, of the first run of
+        each part after its first when it is a chain, () when it is not; None when a later part has no run."""
+        if copy is None or copy[0] != "chain":
+            return ()
+        i = bisect_right(self.copy_starts, index) - 1
+        probes = []
+        for start, stop, _ in self.copies[i + 1:i + len(copy[2])]:
+            if start == stop:
+                continue                  # an empty part: nothing of it to check
+            for position in range(start, stop):
+                if type(self.compute[position]) is Run:
+                    probes.append(position - index)
+                    break
+            else:
+                return None
+        return tuple(probes)
 
     def _inline_starts(self, state: RankState, network, instructions, index: int, record: StretchRecord,
                        copied: bool, now_s: float) -> dict[str, int] | None:
@@ -148,6 +193,12 @@ class Stretches:
             after = state.events.get(other[k + 3].event)
             if after is not None and after.triggered:
                 return None
+        if copied and record.overlap_part is not None and record.overlap_columns is not None \
+                and index + record.overlap_part in state.moved_parts:
+            # The same part of another copy of the key, both with moved plans: its Signals' plans are the record's
+            # but for where their stream's part starts (RankState._plan_blocks), so only where that stream stands
+            # is checked, as below.
+            return self._moved_overlaps(state, network, instructions, index, record, starts, now_s)
         if record.overlap_columns is not None:
             fast = _overlaps_match(state, record.overlap_columns, instructions[index:index + record.length], starts,
                                    now_s)
@@ -180,15 +231,30 @@ class Stretches:
             return None
         return starts
 
+    @staticmethod
+    def _moved_overlaps(state: RankState, network, instructions, index: int, record: StretchRecord,
+                        starts: dict[str, int], now_s: float) -> dict[str, int] | None:
+        """_inline_starts' end for a record whose overlaps' plans are moved ones of the stretch's part's key."""
+        position, name, dk, _, _ = record.overlaps[0]
+        event = instructions[index + position].event
+        first_k = state.overlap_plans[event][1] - dk
+        if not state.can_inline(name, first_k, event) or name in state.offload_streams:
+            return None
+        transfers = state.stream_transfers.get(name)
+        if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
+            return None                  # inline.expose would find more of that stream than the record did
+        if network is None:
+            return None
+        starts[name] = first_k
+        return starts
+
     def _apply(self, state: RankState, network, index: int, shift: int, now_s: float, record: StretchRecord,
                starts: dict[str, int]) -> float:
         """Apply the record at `index` (its runs' shift `shift`) from `now_s`; returns the clock at its end."""
         import numpy as np     # (imported once the first record exists)
         times = record.times(now_s)
         words, selector, names, samples, span_starts, span_ends = record.columns
-        times.append(float(shift))                     # point -1: the STRETCH words' time
-        points = np.array(times)
-        times.pop()
+        points = np.frombuffer(record.points_pack(*times, float(shift)))    # point -1: the STRETCH words' time
         if record.memory_words:
             log = state.log
             bases = np.array([index << 12 if name == COMPUTE_STREAM else starts[name] << 12 if name else 0
@@ -433,21 +499,30 @@ class Stretches:
         record = StretchRecord(end - index, tuple(runs), tuple(inlines), tuple(overlaps), tuple(others),
                                tuple(program), tuple(span_runs), tuple(span_points), tuple(comm), tuple(exposures),
                                tuple(sample_steps), tuple(words), tuple(bases), tuple(pieces), tuple(first_k),
-                               isolated, dropped, self.count, self.copy_of(index, end))
+                               isolated, dropped, self.count, *self._named(index, end),
+                               self._overlap_part(state, index, overlaps))
         return record, first_k
 
+    def _overlap_part(self, state: RankState, index: int, overlaps: list) -> int | None:
+        """The start, relative to `index`, of the template part holding every one of `overlaps` (positions relative
+        to `index`) if its plans were moved (RankState.moved_parts), else None."""
+        if not overlaps:
+            return None
+        i = bisect_right(self.copy_starts, index + overlaps[0][0]) - 1
+        if i < 0:
+            return None
+        start, stop, named = self.copies[i]
+        if len(named) != 1 or start not in state.moved_parts or index + overlaps[-1][0] >= stop:
+            return None
+        return start - index
 
-def _runs_match(columns: tuple, stretch, shift: int) -> bool:
-    """Whether the runs of `stretch` (the instructions a record would consume) are the record's: Run instructions
-    of the same ops (by identity), durations, iterations and lows, all with shift `shift`. Equal to comparing
-    field by field: recorded durations are never NaN, so tuple equality (identity first) is value equality."""
-    pick, ops, durations, iterations, lows = columns
-    runs = pick(stretch)
-    if not all(map(is_, map(type, runs), repeat(Run))):
-        return False
-    new_ops, new_durations, new_iterations, shifts, new_lows = zip(*runs)
-    return new_durations == durations and all(map(is_, new_ops, ops)) and new_iterations == iterations \
-        and new_lows == lows and shifts.count(shift) == len(shifts)
+    def _named(self, index: int, end: int) -> tuple:
+        """(copy_of, chain_probes) of the stretch [index, end), (None, ()) when a part of its chain has no run."""
+        copy = self.copy_of(index, end)
+        probes = self.chain_probes(index, copy)
+        return (None, ()) if probes is None else (copy, probes)
+
+
 
 
 def _calls(op_or_collective, start: int, end: int, alloc_word: int, free_word: int | None, base: str,
@@ -462,63 +537,3 @@ def _calls(op_or_collective, start: int, end: int, alloc_word: int, free_word: i
         sample_steps.append(end)
         words.append(free_word)
         bases.append(base)
-
-
-def _overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str, int], now_s: float) -> bool | None:
-    """The overlaps of a record checked at C speed, as Stretches._inline_starts checks them one by one: True (and the
-    stream's first k in `starts`) if they match, False if not, None to leave it to that loop (a collective of the
-    stretch is not the recorded object)."""
-    pick, name, dks, gaps, recorded = columns
-    signals = pick(stretch)
-    if not all(map(is_, map(type, signals), repeat(Signal))):
-        return False
-    plans = list(map(state.overlap_plans.get, map(_EVENT, signals)))
-    if None in plans:
-        return False
-    names, ks, found_gaps, collectives = zip(*plans)
-    if found_gaps != gaps or names.count(name) != len(names):
-        return False
-    first_k = ks[0] - dks[0]
-    if list(map(sub, ks, dks)).count(first_k) != len(ks):
-        return False
-    if not all(map(is_, collectives, recorded)):
-        return None
-    if not state.can_inline(name, first_k, signals[0].event) or name in state.offload_streams:
-        return False
-    transfers = state.stream_transfers.get(name)
-    if transfers is not None and transfers.ends and transfers.ends[-1] > now_s:
-        return False
-    starts[name] = first_k
-    return True
-
-
-def _others_match(columns: tuple, stretch) -> bool:
-    """Whether the Allocs and Frees of a record stand where `stretch` has instructions of the same types (their
-    memory words name those instructions; a stretch holding them logs no STRETCH word over them)."""
-    pick, kinds = columns
-    return tuple(map(type, pick(stretch))) == kinds
-
-
-def _tensors(collective, shift: int, low: int) -> tuple | None:
-    """What a collective's memory calls are matched by: its template's tensor tuples (a copy's post, moved by
-    the runs' shift and low), or its own tuples (not moved); None if moved otherwise."""
-    moved = collective.moved
-    if moved is None:
-        return (collective.allocs, collective.frees)
-    if moved[2] != shift or moved[3] != low:
-        return None
-    return (moved[0], moved[1], True)
-
-
-def _same_collective(collective, recorded, tensors: tuple, shift: int, low: int) -> bool:
-    """Whether `collective` takes as long, has the same span and makes the same memory calls as `recorded`, whose
-    memory tensors are `tensors` (see _tensors)."""
-    if collective.kind != recorded.kind or collective.group != recorded.group \
-            or collective.size_bytes != recorded.size_bytes or collective.name != recorded.name \
-            or collective.iteration != recorded.iteration:
-        return False
-    moved = collective.moved
-    if len(tensors) == 2:
-        return moved is None and collective.allocs == tensors[0] and collective.frees == tensors[1]
-    return moved is not None and moved[0] is tensors[0] and moved[1] is tensors[1] and moved[2] == shift \
-        and moved[3] == low

@@ -20,6 +20,8 @@ the lowering (`meta["tied_embedding_grad_bytes"]`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import repeat
+from operator import add
 
 from simulator.errors import PlanError
 from simulator.workload.data_parallel import (
@@ -155,7 +157,7 @@ class _Template:
         """
         shift = base - self.base
         low = self.base
-        into.update(zip([tid + shift for tid in self.tensors], self.tensors.values()))
+        into.update(zip(map(add, self.tensors, repeat(shift)), self.tensors.values()))
         mb = self.microbatch
 
         def moved(value: int) -> int:
