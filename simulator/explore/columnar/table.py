@@ -13,6 +13,7 @@ Peak reserved is not computed here: it is the allocator replay per plan (reserve
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -27,8 +28,8 @@ from simulator.explore.prepare import Prepared, prepare
 from simulator.scenario import Scenario
 
 OK, INVALID, FALLBACK, MEMORY_ONLY = "ok", "invalid", "fallback", "memory-only"
-# Plans whose numbers are held before their structure's group is evaluated: the rows are first sorted by
-# structure, so a group is split only where it is larger than this.
+# Plans whose numbers are held before their structure's group is evaluated (the plans are sorted by schedule, so
+# a group is split only where it is larger than this).
 GROUP_PLANS = 512
 FIELDS = ("fits", "iteration_time_s", "tokens_per_s", "mfu", "bubble_fraction", "exposed_communication_s",
           "communication_s", "busy_fraction")
@@ -56,6 +57,8 @@ class Columns:
     peak_reserved: list = None
     oom: list = None
     structures: int = 0                   # schedule graphs evaluated
+    seconds: dict = field(default_factory=dict)   # CPU seconds per phase: check (prepare, chunk models, memory
+                                                  # first), numbers (assemble.numbers), evaluate (graphs, fields)
 
     @property
     def fallbacks(self) -> int:
@@ -117,6 +120,7 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     reserved: list = [None] * n
     ooms: list = [None] * n
     pending: list[tuple[int, Prepared, dict | None]] = []
+    clock = time.process_time()
     for k, scenario in enumerate(scenarios):
         if isinstance(scenario, MemsimError):
             table.status[k], table.errors[k] = INVALID, scenario
@@ -139,19 +143,25 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
             table.status[k], table.errors[k] = INVALID, error
             continue
         pending.append((k, prepared, found))
-    # Every plan's numbers, by structure: each graph built and evaluated once for all the plans that share it.
-    groups: dict[tuple, list[tuple[int, PlanNumbers]]] = {}
+    # Every plan's numbers, in order of their schedule (plans of one structure come together): each graph is built
+    # once and evaluated once for all the plans that share it, then let go.
+    table.seconds["check"] = time.process_time() - clock
+    table.seconds["numbers"] = table.seconds["evaluate"] = 0.0
+    pending.sort(key=lambda item: _schedule_order(item[1]))
+    group: list[tuple[int, PlanNumbers]] = []
     for k, prepared, found in pending:
+        clock = time.process_time()
         try:
             plan = numbers(caches, prepared, found)
         except MemsimError as error:
             table.status[k], table.errors[k] = INVALID, error
             continue
-        group = groups.setdefault(plan.structure_key, [])
+        table.seconds["numbers"] += time.process_time() - clock
+        if group and (group[0][1].structure_key != plan.structure_key or len(group) >= GROUP_PLANS):
+            _evaluate(group, table, floats, fits, allocated, reserved, ooms, caches, replay)
+            group = []
         group.append((k, plan))
-        if len(group) >= GROUP_PLANS:
-            _evaluate(groups.pop(plan.structure_key), table, floats, fits, allocated, reserved, ooms, caches, replay)
-    for group in groups.values():
+    if group:
         _evaluate(group, table, floats, fits, allocated, reserved, ooms, caches, replay)
     table.fits = fits
     for name, values in floats.items():
@@ -162,12 +172,20 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     return table
 
 
+def _schedule_order(prepared: Prepared) -> tuple:
+    """A sort key that puts plans of one schedule together (the structure key adds flags read off the chunks)."""
+    schedule = prepared.schedule
+    return (prepared.builtin is None, prepared.builtin or (schedule.name,), schedule.num_ranks,
+            schedule.virtual_stages, schedule.microbatches, id(schedule))
+
+
 def _fit(prepared: Prepared, peaks) -> bool:
     capacity, context = int(prepared.device.memory_bytes), int(prepared.cluster.context_bytes)
     return all(peak + context <= capacity for peak in peaks)
 
 
 def _evaluate(group, table: Columns, floats: dict, fits, allocated, reserved, ooms, caches, replay) -> None:
+    clock = time.process_time()
     plans = [plan for _, plan in group]
     values = group_fields(plans)
     table.structures += 1
@@ -185,6 +203,7 @@ def _evaluate(group, table: Columns, floats: dict, fits, allocated, reserved, oo
             fits[k] = all(not oom and res + context <= capacity for res, oom in zip(reserved[k], ooms[k]))
         else:
             fits[k] = _fit(plan.prepared, peaks)
+    table.seconds["evaluate"] += time.process_time() - clock
 
 
 def _from_report(report: dict, k: int, floats: dict, fits, allocated, reserved) -> None:
