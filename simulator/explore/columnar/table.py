@@ -121,7 +121,8 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     ooms: list = [None] * n
     pending: list[tuple[int, Prepared, dict | None]] = []
     clock = time.process_time()
-    for k, scenario in enumerate(scenarios):
+    for k in _profile_order(scenarios):
+        scenario = scenarios[k]
         if isinstance(scenario, MemsimError):
             table.status[k], table.errors[k] = INVALID, scenario
             continue
@@ -170,6 +171,18 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     table.peak_reserved = reserved if replay else None
     table.oom = ooms if replay else None
     return table
+
+
+def _profile_order(scenarios) -> list[int]:
+    """Indices by (tp, micro-batch), then as given: plans of one (tp, micro-batch) share their chunks' profiles
+    whatever their pp, so the bounded profile memo records each once (as spread.profile_order orders a search)."""
+    def key(k: int) -> tuple:
+        scenario = scenarios[k]
+        if isinstance(scenario, MemsimError):
+            return (0, 0, k)
+        return (scenario.parallel.tp, scenario.training.micro_batch_size, k)
+
+    return sorted(range(len(scenarios)), key=key)
 
 
 def _schedule_order(prepared: Prepared) -> tuple:
