@@ -23,6 +23,7 @@ from simulator.errors import MemsimError
 from simulator.explore.assemble import Caches, PlanNumbers, chunk_models, numbers
 from simulator.explore.candidates import Settings, overrides
 from simulator.explore.columnar.fields import group_fields
+from simulator.explore.columnar.network_memo import SharedCaches
 from simulator.explore.estimate import _replayed, allocated_peaks, estimate_reports, leaves_out
 from simulator.explore.prepare import Prepared, prepare
 from simulator.scenario import Scenario
@@ -149,11 +150,12 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     table.seconds["check"] = time.process_time() - clock
     table.seconds["numbers"] = table.seconds["evaluate"] = 0.0
     pending.sort(key=lambda item: _schedule_order(item[1]))
+    shared = SharedCaches(caches)
     group: list[tuple[int, PlanNumbers]] = []
     for k, prepared, found in pending:
         clock = time.process_time()
         try:
-            plan = numbers(caches, prepared, found)
+            plan = numbers(shared, prepared, found)
         except MemsimError as error:
             table.status[k], table.errors[k] = INVALID, error
             continue
