@@ -7,7 +7,7 @@ seconds (time.process_time), against the per-plan estimate_reports on a sample (
 Sets: gpt3 = scenarios/multi/gpt3-175b-1024xa100-tp8-pp16-dp8.toml on 1,024 GPUs of dgx-a100 (14,760
 candidates), llama13b = scenarios/multi/llama13b-16xh100-tp8-pp2.toml on 16 GPUs of dgx-h100 (4,263). --plans
 random candidates (in enumeration order) are estimated cold (fresh caches) and warm (the same caches again), with
-the phases' CPU seconds; --old of them (the first) by estimate_reports(replay=False), cold and warm, on their own
+the phases' CPU seconds; --old of them (drawn at random) by estimate_reports(replay=False), cold and warm, on their own
 caches, and the two compared field by field (==).
 """
 
@@ -51,7 +51,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=sorted(SETS), default="gpt3")
     parser.add_argument("--plans", type=int, default=600, help="random candidates (0: all)")
-    parser.add_argument("--old", type=int, default=100, help="of them, estimated per plan too")
+    parser.add_argument("--old", type=int, default=100, help="of them, drawn at random, estimated per plan too")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-first", action="store_true")
     parser.add_argument("--no-warm", action="store_true")
@@ -92,7 +92,7 @@ def main() -> int:
               f"{table.structures} group evaluations, {BUILT[0]} graphs built in {BUILT[1]:.2f} s; {counts}; "
               f"{table.fallbacks} fallbacks)")
     if args.old:
-        sample = rows[:args.old]
+        sample = [rows[k] for k in sorted(random.Random(args.seed + 1).sample(range(len(rows)), min(args.old, len(rows))))]
         scenarios = []
         for settings in sample:
             try:
