@@ -147,3 +147,27 @@ def test_sweep_fast_writes_the_same_table_bytes_as_the_per_plan_estimate(tmp_pat
     columnar = (tmp_path / "columnar" / "sweep.csv").read_bytes()
     assert columnar == (tmp_path / "per-plan" / "sweep.csv").read_bytes()
     assert columnar.count(b",ok,") >= 4
+
+
+def test_graphs_evaluated_together_end_where_each_alone_ends():
+    import numpy as np
+
+    from simulator.explore.assemble import numbers
+    from simulator.explore.columnar.merged import evaluate_many
+    from simulator.explore.pipeline import evaluate
+    from simulator.explore.prepare import prepare
+
+    groups: dict = {}
+    for scenario in estimate_table_scenarios("megatron", CANDIDATES["megatron"][:120]):
+        if isinstance(scenario, MemsimError):
+            continue
+        try:
+            plan = numbers(CACHES, prepare(scenario, CACHES.schedules, CACHES.clusters))
+        except MemsimError:
+            continue
+        groups.setdefault(plan.structure_key, []).append(plan)
+    items = [(g[0].structure, np.stack([p.costs for p in g]), np.stack([p.offsets for p in g]))
+             for g in groups.values()]
+    assert len(items) > 3
+    for alone, together in zip([evaluate(*item) for item in items], evaluate_many(items)):
+        assert np.array_equal(alone, together)

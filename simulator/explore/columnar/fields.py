@@ -49,11 +49,13 @@ def action_peaks(structure: Structure, plans: list[PlanNumbers]) -> list[np.ndar
     return peaks
 
 
-def group_fields(plans: list[PlanNumbers]) -> GroupFields:
-    """The fields of plans sharing one structure (their graph evaluated together, as estimate_reports does)."""
+def group_fields(plans: list[PlanNumbers], ends: np.ndarray | None = None) -> GroupFields:
+    """The fields of plans sharing one structure (their graph evaluated together, as estimate_reports does;
+    `ends`: that evaluation, if done: merged.evaluate_many)."""
     structure = plans[0].structure
     costs = np.stack([p.costs for p in plans])
-    ends = evaluate(structure, costs, np.stack([p.offsets for p in plans]))
+    if ends is None:
+        ends = evaluate(structure, costs, np.stack([p.offsets for p in plans]))
     peaks = action_peaks(structure, plans)
     p = structure.p
     transfer_base = p * structure.v * SLOTS
