@@ -194,12 +194,13 @@ def _evaluate(spec: SweepSpec, valid: list[Point], pending: list[Point], executo
 
     With --fast, the valid points are cut into fixed blocks of ESTIMATE_BLOCK in point order and every block
     with a pending point is estimated whole (its finished points are not journaled again): each point is
-    always evaluated beside the same others, so its numbers do not depend on the executor or on a resume.
+    always evaluated beside the same others, so its numbers do not depend on the executor or on a resume. A block
+    is estimated by the columnar estimate (explore/columnar: the same outcomes as estimate_reports').
     """
     if not spec.fast:
         yield from executor.imap_unordered(simulate_point, _tasks(spec, pending, memory_workers))
         return
-    from simulator.explore.tasks import estimate_points
+    from simulator.explore.columnar.points import estimate_points
 
     position = {point.index: k for k, point in enumerate(pending)}
     blocks = [valid[start:start + ESTIMATE_BLOCK] for start in range(0, len(valid), ESTIMATE_BLOCK)]
