@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -342,13 +341,8 @@ def simulate_multi(scenario: Scenario, *, timelines: bool = True, events: bool =
     objects that live until the end (ops, instructions, spans, memory samples), and each collection
     pass walks all of them (half the CPU time at GPT-3 175B on 1,024 GPUs; results are unaffected).
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with lifetime.collector_paused():
         return _simulate_multi(scenario, timelines, events, memory_workers, shortcuts)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def check_scenario(scenario: Scenario) -> Cluster:

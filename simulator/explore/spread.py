@@ -16,6 +16,7 @@ from simulator.errors import MemsimError
 from simulator.explore.assemble import Caches
 from simulator.explore.candidates import Settings, overrides
 from simulator.explore.estimate import estimate_reports
+from simulator.lifetime import collector_paused
 from simulator.scenario.loader import scenario_from_dict
 
 # A worker process's caches, kept from one share to the next (shares with the same pipeline shape reuse its
@@ -48,7 +49,13 @@ def estimate_share(job: tuple, caches: Caches | None = None) -> list[tuple[int, 
     and the settings as overrides, estimated with replay=False (or with the allocator replay when `replay`;
     `memory_first`: as estimate_reports takes it), in profile order; an outcome is the report or
     (INVALID_OUTCOME, the rule). A module-level function so that process-pool and Dask executors can ship it;
-    `caches` default: this worker's own."""
+    `caches` default: this worker's own. The garbage collector is paused meanwhile (lifetime.collector_paused: tp 8
+    slice of the GPT-3 175B / 1,024 A100 search, 612 plans: 34.5 s of CPU with it on, 26.8 s paused, same output)."""
+    with collector_paused():
+        return _estimate_share(job, caches)
+
+
+def _estimate_share(job: tuple, caches: Caches | None) -> list[tuple[int, object]]:
     document, source, fixed, items, replay, memory_first = job
     if caches is None:
         if not _WORKER_CACHES:
