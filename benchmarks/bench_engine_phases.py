@@ -48,7 +48,7 @@ def _lower(path: str, overrides: list[str]) -> tuple:
 
 def _functions():
     from simulator.engine import stretch_record, stretches
-    return [(rank_state.RankState, "_plan_inline"), (stretches, "_runs_match"),
+    return [(rank_state.RankState, "_plan_inline"), (stretches, "runs_match"),
             (stretches.Stretches, "_inline_starts"), (stretch_record.StretchRecord, "times"),
             (stretches.Stretches, "_apply"), (stretches.Stretches, "replay")]
 

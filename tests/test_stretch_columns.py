@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings, strategies as st
 
 from simulator.engine.stretch_record import picker as _picker
-from simulator.engine.stretches import _runs_match
+from simulator.engine.stretch_record import runs_match
 from simulator.engine.timelines import SpanColumns
 from simulator.parallel.program import Collective, Recv, Run, Send, Signal
 from simulator.report.metrics import span_sums
@@ -63,8 +63,8 @@ def test_runs_match_equals_the_field_loop(runs, shift, data):
                  "low": Run(op, duration, iteration, shift, low + 1),
                  "type": Signal("y"), "nan": Run(op, math.nan, iteration, shift, low)}[change]
     for seq in (tuple(later), later):
-        assert _runs_match(_columns(recorded), seq, shift) == _match_loop(recorded, seq, shift)
-    assert _runs_match(_columns(recorded), tuple(stretch), shift)
+        assert runs_match(_columns(recorded), seq, shift) == _match_loop(recorded, seq, shift)
+    assert runs_match(_columns(recorded), tuple(stretch), shift)
 
 
 @given(items=st.lists(st.floats(allow_nan=False), max_size=8), data=st.data())

@@ -85,7 +85,7 @@ class StretchRecord:
     points_pack: object = field(init=False)    # packs its points and the shift (point -1) as doubles
     probe: tuple = field(init=False)           # (position, op) of its last run: a cheap first test of a match
     overlap_columns: tuple | None = field(init=False)   # its overlaps, to match them at C speed when they are all
-                                                        # on one stream that no Signal inline uses (_overlaps_match)
+                                                        # on one stream that no Signal inline uses (overlaps_match)
 
     def __post_init__(self) -> None:
         positions, ops, durations, iterations, lows = zip(*self.runs)
@@ -216,7 +216,7 @@ def picker(indices) -> itemgetter:
 
 
 # matching a stretch against a record ----------------------------------------------------------------------
-def _runs_match(columns: tuple, stretch, shift: int) -> bool:
+def runs_match(columns: tuple, stretch, shift: int) -> bool:
     """Whether the runs of `stretch` (the instructions a record would consume) are the record's: Run instructions
     of the same ops (by identity), durations, iterations and lows, all with shift `shift`. Equal to comparing
     field by field: recorded durations are never NaN, so tuple equality (identity first) is value equality."""
@@ -229,7 +229,7 @@ def _runs_match(columns: tuple, stretch, shift: int) -> bool:
         and new_lows == lows and shifts.count(shift) == len(shifts)
 
 
-def _overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str, int], now_s: float) -> bool | None:
+def overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str, int], now_s: float) -> bool | None:
     """The overlaps of a record checked at C speed, as Stretches._inline_starts checks them one by one: True (and the
     stream's first k in `starts`) if they match, False if not, None to leave it to that loop (a collective of the
     stretch is not the recorded object)."""
@@ -257,14 +257,14 @@ def _overlaps_match(state: RankState, columns: tuple, stretch, starts: dict[str,
     return True
 
 
-def _others_match(columns: tuple, stretch) -> bool:
+def others_match(columns: tuple, stretch) -> bool:
     """Whether the Allocs and Frees of a record stand where `stretch` has instructions of the same types (their
     memory words name those instructions; a stretch holding them logs no STRETCH word over them)."""
     pick, kinds = columns
     return tuple(map(type, pick(stretch))) == kinds
 
 
-def _tensors(collective, shift: int, low: int) -> tuple | None:
+def collective_tensors(collective, shift: int, low: int) -> tuple | None:
     """What a collective's memory calls are matched by: its template's tensor tuples (a copy's post, moved by
     the runs' shift and low), or its own tuples (not moved); None if moved otherwise."""
     moved = collective.moved
@@ -275,9 +275,9 @@ def _tensors(collective, shift: int, low: int) -> tuple | None:
     return (moved[0], moved[1], True)
 
 
-def _same_collective(collective, recorded, tensors: tuple, shift: int, low: int) -> bool:
+def same_collective(collective, recorded, tensors: tuple, shift: int, low: int) -> bool:
     """Whether `collective` takes as long, has the same span and makes the same memory calls as `recorded`, whose
-    memory tensors are `tensors` (see _tensors)."""
+    memory tensors are `tensors` (see collective_tensors)."""
     if collective.kind != recorded.kind or collective.group != recorded.group \
             or collective.size_bytes != recorded.size_bytes or collective.name != recorded.name \
             or collective.iteration != recorded.iteration:

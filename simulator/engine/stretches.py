@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from simulator.engine.logs import IntervalLog, doubles, positive
 from simulator.engine.memory_log import ALLOC, COLL_ALLOC, COLL_FREE, FREE, RUN_ALLOC, RUN_FREE, where
 from simulator.engine.rank_state import COMPUTE_STREAM
-from simulator.engine.stretch_record import (ADD, BLOCK, BLOCK1, StretchRecord, _others_match, _overlaps_match,
-                                             _runs_match, _same_collective, _tensors)
+from simulator.engine.stretch_record import (ADD, BLOCK, BLOCK1, StretchRecord, collective_tensors, others_match,
+                                             overlaps_match, runs_match, same_collective)
 from simulator.parallel.program import Alloc, Blocking, Collective, Free, Run, Signal
 
 if TYPE_CHECKING:
@@ -84,9 +84,9 @@ class Stretches:
                 position, op = record.probe
                 last = instructions[index + position]
                 if type(last) is not Run or last.op is not op \
-                        or not _runs_match(record.run_columns, instructions[index:end], first.shift):
+                        or not runs_match(record.run_columns, instructions[index:end], first.shift):
                     continue
-            if record.others and not _others_match(record.other_columns, instructions[index:end]):
+            if record.others and not others_match(record.other_columns, instructions[index:end]):
                 continue
             starts = self._inline_starts(state, network, instructions, index, record, same_copy, now_s)
             if starts is None:
@@ -171,7 +171,7 @@ class Stretches:
             if dk is None:
                 if type(signal) is not Blocking or signal.stream != name:
                     return None
-                if not _same_collective(signal.collective, recorded, tensors, shift, low):
+                if not same_collective(signal.collective, recorded, tensors, shift, low):
                     return None
                 continue
             if type(signal) is not Signal:
@@ -184,7 +184,7 @@ class Stretches:
             if k - dk != first_k:
                 return None
             other = streams[name]
-            if not _same_collective(other[k + 1], recorded, tensors, shift, low):
+            if not same_collective(other[k + 1], recorded, tensors, shift, low):
                 return None
             if k + 3 >= len(other):
                 return None                      # the stream would be released at the end: not recorded
@@ -200,7 +200,7 @@ class Stretches:
             # is checked, as below.
             return self._moved_overlaps(state, network, instructions, index, record, starts, now_s)
         if record.overlap_columns is not None:
-            fast = _overlaps_match(state, record.overlap_columns, instructions[index:index + record.length], starts,
+            fast = overlaps_match(state, record.overlap_columns, instructions[index:index + record.length], starts,
                                    now_s)
             if fast is not None:
                 return starts if fast and network is not None else None
@@ -219,7 +219,7 @@ class Stretches:
             if k - dk != first_k:
                 return None
             collective = plan[3]
-            if collective is not recorded and not _same_collective(collective, recorded, ((), ()), shift, low):
+            if collective is not recorded and not same_collective(collective, recorded, ((), ()), shift, low):
                 return None
             if k == first_k:
                 if not state.can_inline(name, k, signal.event) or name in state.offload_streams:
@@ -398,7 +398,7 @@ class Stretches:
         def run_step(instruction: Run, position: int) -> bool:
             op = instruction.op
             if instruction.shift != shift or not instruction.duration_s >= 0:
-                return False          # (nor NaN: _runs_match compares durations as tuples, identity first)
+                return False          # (nor NaN: runs_match compares durations as tuples, identity first)
             runs.append((position - index, op, instruction.duration_s, instruction.iteration, instruction.low))
             span_runs.append(instruction)
             start = add_step(instruction.duration_s if instruction.duration_s > 0 else 0.0)
@@ -463,7 +463,7 @@ class Stretches:
                     collective, dk, width = streams[name][k + 1], k - first_k.setdefault(name, k), 2
                     at, base = where(stream_ids[name], dk + 1), name
                 duration = network.timed_isolated_s(collective.kind, collective.group, collective.size_bytes)
-                tensors = _tensors(collective, shift, instructions[index].low)
+                tensors = collective_tensors(collective, shift, instructions[index].low)
                 if duration is None or duration < 0 or tensors is None:
                     return None
                 inlines.append((position - index, name, dk, collective, tensors))
