@@ -31,6 +31,19 @@ def _with_workers(monkeypatch, count: int | None, **options):
     monkeypatch.setattr(api, "EngineOptions", lambda: EngineOptions(memory_workers=count, **options))
 
 
+def _answered(monkeypatch) -> list[int]:
+    """The number of ranks the workers of each simulation answered for (not made in the engine afterwards)."""
+    answered: list[int] = []
+    finish = memory_worker.MemoryWorkers.finish
+
+    def counted(self):
+        outcomes = finish(self)
+        answered.append(self.answered)
+        return outcomes
+    monkeypatch.setattr(memory_worker.MemoryWorkers, "finish", counted)
+    return answered
+
+
 @pytest.mark.parametrize("nodes, global_batch, parallel, record_events", [
     (4, 32, {"tp": 8, "pp": 4, "dp": 1, "sequence_parallel": True}, False),     # periods and stretches replayed
     (1, 8, {"tp": 2, "pp": 2, "dp": 2}, True),          # allocator events recorded, shadows on shared links
@@ -41,7 +54,9 @@ def test_workers_give_the_in_process_result(monkeypatch, nodes, global_batch, pa
     _with_workers(monkeypatch, 0)
     here = _everything(api.simulate(scenario_from_dict(doc)))
     _with_workers(monkeypatch, 1)
+    answered = _answered(monkeypatch)
     assert _everything(api.simulate(scenario_from_dict(doc))) == here
+    assert answered == [len(here[1])]          # every rank's outcome came from the worker, none made here after
     assert any(rank[1] for rank in here[1]) and (any(rank[3] for rank in here[1]) or not record_events)
 
 

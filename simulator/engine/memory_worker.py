@@ -161,6 +161,7 @@ class MemoryWorkers:
         """`count` workers for `states`, whose programs hold `sizes` instructions."""
         self.states = states
         self.sent: list[list[tuple[array, array]]] = [[] for _ in states]     # per rank, the chunks sent
+        self.answered = 0                    # ranks the workers answered for, once finished (the rest made here)
         loads = [0] * count
         owned: list[list[int]] = [[] for _ in range(count)]
         for i in sorted(range(len(states)), key=lambda i: (-sizes[i], i)):
@@ -209,6 +210,7 @@ class MemoryWorkers:
                 for outcome in answer.values():
                     outcome.events = [AllocatorEvent(*row) for row in outcome.events]
                 outcomes.update(answer)
+        self.answered = len(outcomes)
         for i, state in enumerate(self.states):
             if i not in outcomes:
                 for words, times in self.sent[i]:
