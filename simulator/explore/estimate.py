@@ -71,7 +71,7 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
             if memory_first and not replay and not leaves_out(prepared):
                 found = chunk_models(caches, prepared)
                 peaks = allocated_peaks(caches, prepared, found)
-                if not _fit_allocated(prepared, peaks):
+                if not fits_allocated(prepared, peaks):
                     results[k] = memory_report(prepared, peaks)
                     continue
             item = (k, numbers(caches, prepared, found))
@@ -122,7 +122,8 @@ def allocated_peaks(caches: Caches, prepared: Prepared, found: dict) -> list[int
     return peaks
 
 
-def _fit_allocated(prepared: Prepared, peaks: list[int]) -> bool:
+def fits_allocated(prepared: Prepared, peaks) -> bool:
+    """Whether every stage's peak allocated plus the CUDA context fits the device."""
     capacity, context = int(prepared.device.memory_bytes), int(prepared.cluster.context_bytes)
     return all(peak + context <= capacity for peak in peaks)
 

@@ -21,6 +21,7 @@ from simulator.network.topology import Topology
 
 TIMES_KEPT = 200_000          # collective times remembered (a key holds the stage's other groups)
 GROUPS_KEPT = 20_000          # footprints and "apart" verdicts per (kind, groups)
+ASKED_KEPT = 200_000          # answers by the question as asked, before that plain memo starts over
 
 
 class NetworkCosts:
@@ -30,6 +31,9 @@ class NetworkCosts:
         self.topology = topology
         # Bounded: a search of a large cluster meets tens of thousands of (groups, size) keys.
         self._seen = Lru(TIMES_KEPT)
+        # The same question, as asked, comes hundreds of times per plan: a plain dict answers it before the key
+        # above is built (the stage's other groups filtered) and the bounded cache's bookkeeping is paid.
+        self._asked: dict = {}
         self._footprints = Lru(GROUPS_KEPT)
         self._apart = Lru(GROUPS_KEPT)
 
@@ -37,6 +41,10 @@ class NetworkCosts:
                      together: tuple[tuple[int, ...], ...] = ()) -> float:
         """Seconds of one `kind` collective over the GPUs `group` (0 for one GPU), while the same collective runs
         over each group of `together` (the other groups of its stage)."""
+        asked = (kind, group, size_bytes, together)
+        seconds = self._asked.get(asked)
+        if seconds is not None:
+            return seconds
         if len(group) <= 1 or size_bytes <= 0:
             return 0.0
         others = tuple(g for g in together if g != group)
@@ -44,6 +52,9 @@ class NetworkCosts:
         seconds = self._seen.get(key)
         if seconds is None:
             seconds = self._seen[key] = self._time(kind, group, float(size_bytes), others)
+        if len(self._asked) >= ASKED_KEPT:
+            self._asked.clear()
+        self._asked[asked] = seconds
         return seconds
 
     def send_s(self, src: int, dst: int, size_bytes: float,

@@ -24,8 +24,7 @@ from simulator.explore.assemble import Caches, PlanNumbers, chunk_models, number
 from simulator.explore.candidates import Settings, overrides
 from simulator.explore.columnar.fields import group_fields
 from simulator.explore.columnar.merged import evaluate_many
-from simulator.explore.columnar.network_memo import SharedCaches
-from simulator.explore.estimate import _replayed, allocated_peaks, estimate_reports, leaves_out
+from simulator.explore.estimate import _replayed, allocated_peaks, estimate_reports, fits_allocated, leaves_out
 from simulator.explore.prepare import Prepared, prepare
 from simulator.scenario import Scenario
 
@@ -140,7 +139,7 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
             found = chunk_models(caches, prepared)
             if memory_first and not replay:
                 peaks = allocated_peaks(caches, prepared, found)
-                if not _fit(prepared, peaks):
+                if not fits_allocated(prepared, peaks):
                     table.status[k] = MEMORY_ONLY
                     allocated[k] = tuple(peaks)
                     continue
@@ -153,14 +152,13 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     table.seconds["check"] = time.process_time() - clock
     table.seconds["numbers"] = table.seconds["evaluate"] = 0.0
     pending.sort(key=lambda item: _schedule_order(item[1]))
-    shared = SharedCaches(caches)
     group: list[tuple[int, PlanNumbers]] = []
     ready: list[list[tuple[int, PlanNumbers]]] = []      # groups whose graphs are evaluated together
     entries = 0
     for k, prepared, found in pending:
         clock = time.process_time()
         try:
-            plan = numbers(shared, prepared, found)
+            plan = numbers(caches, prepared, found)
         except MemsimError as error:
             table.status[k], table.errors[k] = INVALID, error
             continue
@@ -204,11 +202,6 @@ def _schedule_order(prepared: Prepared) -> tuple:
             schedule.virtual_stages, schedule.microbatches, id(schedule))
 
 
-def _fit(prepared: Prepared, peaks) -> bool:
-    capacity, context = int(prepared.device.memory_bytes), int(prepared.cluster.context_bytes)
-    return all(peak + context <= capacity for peak in peaks)
-
-
 def _evaluate_ready(ready, table: Columns, *rest) -> None:
     """The groups' graphs evaluated in one pass (merged.evaluate_many), then each group's fields."""
     if not ready:
@@ -240,7 +233,7 @@ def _evaluate(group, table: Columns, floats: dict, fits, allocated, reserved, oo
             capacity, context = int(plan.prepared.device.memory_bytes), int(plan.prepared.cluster.context_bytes)
             fits[k] = all(not oom and res + context <= capacity for res, oom in zip(reserved[k], ooms[k]))
         else:
-            fits[k] = _fit(plan.prepared, peaks)
+            fits[k] = fits_allocated(plan.prepared, peaks)
     table.seconds["evaluate"] += time.process_time() - clock
 
 
