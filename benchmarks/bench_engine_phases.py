@@ -11,7 +11,7 @@ calls made here (`memory_workers=0`, no timelines or allocator events, as `memsi
 `time.process_time` (the steadier figure on a shared host): `RankState` set-up (`init`), the network model's analysis
 (`analyze`), `memory_log.apply` (`apply`) and everything else (`engine`). `--resumes` also counts the simpy resumes
 of the streams' processes (executor._stream_process steps) and the stretches replayed, under cProfile.
-`--functions` also times the set-up's inline planning and the parts of stretch replay (`FUNCTIONS`, CPU seconds
+`--no-quiet` turns EngineOptions.quiet_collectives off. `--functions` also times the set-up's inline planning and the parts of stretch replay (`FUNCTIONS`, CPU seconds
 inside each, nested ones included in their callers').
 """
 
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     parser.add_argument("--resumes", action="store_true")
     parser.add_argument("--functions", action="store_true")
+    parser.add_argument("--no-quiet", action="store_true", help="EngineOptions(quiet_collectives=False)")
     args = parser.parse_args()
     gc.disable()                     # as api.simulate_multi
     start = time.process_time()
@@ -86,20 +87,31 @@ def main() -> None:
         for owner, name in _functions():
             functions[name] = 0.0
             _timed(owner, name, functions, name)
-    options = executor.EngineOptions(record_timeline=False, memory_workers=0)
+    options = executor.EngineOptions(record_timeline=False, memory_workers=0, quiet_collectives=not args.no_quiet)
 
     def run():
         allocators = [api._allocator(scenario, cluster, False) for _ in programs]
         return executor.simulate_programs(programs, allocators, [cluster.allocator_capacity_bytes] * len(programs),
                                           options, topology=topology, plan=plan)
 
+    models: list = []
+    real_init = network_model.NetworkModel.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        models.append(self)
+
+    network_model.NetworkModel.__init__ = init
     start = time.process_time()
     run()
     total = time.process_time() - start
     row = {"file": args.file, "set": args.overrides, "lowering_s": round(lowering, 2), "simulate_s": round(total, 2),
            **{f"{key}_s": round(value, 2) for key, value in spent.items()},
-           "engine_s": round(total - sum(spent.values()), 2),
+           "engine_s": round(total - sum(spent.values()), 2), "quiet": not args.no_quiet,
            **{f"{name}_s": round(value, 2) for name, value in functions.items()}}
+    if models:
+        row.update({name: getattr(models[0], name) for name in ("isolated_operations", "quiet_operations",
+                                                               "materialized_operations", "shadow_operations")})
     if args.resumes:
         profiler = cProfile.Profile()
         profiler.runcall(run)

@@ -57,9 +57,10 @@ class _World:
     """What all ranks share: the clock and, created on first use, the network model."""
 
     def __init__(self, env: simpy.Environment, programs: list[Program], topology: Topology | None,
-                 plan: ParallelPlan | None, isolate: bool = True):
+                 plan: ParallelPlan | None, isolate: bool = True, quiet: bool = False):
         self.env = env
         self.isolate = isolate
+        self.quiet = quiet
         self.programs = programs
         self.ranks = tuple(p.rank for p in programs)
         self.topology = topology
@@ -73,7 +74,7 @@ class _World:
                                     f"{instruction.name!r}: topology = None; communication needs a topology")
             from simulator.engine.network_model import NetworkModel
             self._network = NetworkModel(self.env, self.topology, self.ranks, self.plan, self.programs,
-                                         isolate=self.isolate)
+                                         isolate=self.isolate, quiet=self.quiet)
         return self._network
 
     @property
@@ -107,7 +108,7 @@ def simulate_programs(programs: list[Program], allocators: list[Allocator],
             state.stretches = Stretches(program.copies, program.blocks.get(COMPUTE_STREAM, ()),
                                         program.streams.get(COMPUTE_STREAM, ()))
     world = _World(env, programs, topology, plan if options.shadow_traffic else None,
-                   options.isolated_collectives)
+                   options.isolated_collectives, options.quiet_collectives)
     finished: list[str] = []
     for state in states:
         for stream, instructions in state.program.streams.items():

@@ -36,6 +36,7 @@ from simulator.network.footprint import (footprint, interference_components, iso
                                          pairs_footprint, schedule_pairs)
 from simulator.network.flows import FlowNetwork
 from simulator.network.host import transfer_schedule
+from simulator.network.quiet import alone_end_s, alone_steps, state_at
 from simulator.network.topology import Topology
 from simulator.parallel.plan import ParallelPlan
 from simulator.parallel.program import COMM_INSTRUCTIONS, Blocking, Collective, Program, Recv, Send, Transfer
@@ -82,16 +83,35 @@ class Pending:
 
 
 class _Operation:
-    """A lowered schedule in progress: current phase, flows outstanding, who waits for it."""
+    """A lowered schedule in progress: current phase, flows outstanding, who waits for it, the resources it claims."""
 
-    __slots__ = ("schedule", "phase", "outstanding", "waiters", "label")
+    __slots__ = ("schedule", "phase", "outstanding", "waiters", "label", "claims")
 
-    def __init__(self, schedule: CollectiveSchedule, waiters: list[Pending], label: str):
+    def __init__(self, schedule: CollectiveSchedule, waiters: list[Pending], label: str,
+                 claims: tuple[int, ...] = ()):
         self.schedule = schedule
         self.phase = 0
         self.outstanding = 0
         self.waiters = waiters
         self.label = label
+        self.claims = claims
+
+
+class _Quiet:
+    """An operation running alone on its links, without flows (NetworkModel._launch): it ends at `end_s` unless it
+    is materialized first (`live` False then, and its timer is ignored)."""
+
+    __slots__ = ("schedule", "start_s", "end_s", "waiters", "label", "claims", "live")
+
+    def __init__(self, schedule: CollectiveSchedule, start_s: float, end_s: float, waiters: list[Pending],
+                 label: str, claims: tuple[int, ...]):
+        self.schedule = schedule
+        self.start_s = start_s
+        self.end_s = end_s
+        self.waiters = waiters
+        self.label = label
+        self.claims = claims
+        self.live = True
 
 
 class _Gathering:
@@ -116,10 +136,12 @@ class NetworkModel:
         programs: every simulated rank's program; with them, shadows that cannot reach simulated traffic
             are dropped and link-isolated collectives are timed without flows (module docstring).
         isolate: time link-isolated collectives without flows (False: every collective runs as flows).
+        quiet: launch an operation nothing in flight shares a resource with without flows (module docstring).
     """
 
     def __init__(self, env: simpy.Environment, topology: Topology, simulated_ranks: tuple[int, ...],
-                 plan: ParallelPlan | None = None, programs: list[Program] | None = None, isolate: bool = True):
+                 plan: ParallelPlan | None = None, programs: list[Program] | None = None, isolate: bool = True,
+                 quiet: bool = False):
         self.env = env
         self.topology = topology
         self.plan = plan
@@ -137,6 +159,12 @@ class NetworkModel:
         self.shadow_operations = 0
         self.shadows_dropped = 0
         self.isolated_operations = 0
+        self.quiet_operations = 0           # launched quiet (not counted in isolated_operations: stretches read it)
+        self.materialized_operations = 0    # of those, put onto the flow network before they ended
+        self._quiet = quiet
+        self._flowing: dict[int, int] = {}          # resource -> operations running as flows that claim it
+        self._quiet_claims: dict[int, _Quiet] = {}  # resource -> the last quiet operation that claimed it
+        self._alone_info: dict[int, tuple] = {}     # id(schedule) -> (schedule, footprint, duration alone)
         self._kept: set[tuple] | None = None          # shadow (kind, group, size) worth starting; None: all
         self._isolated: dict[tuple, float | None] = {}  # (kind, group, size) -> duration (None: not yet timed)
         self._footprints: dict[tuple, tuple[int, ...]] = {}   # (kind, group, moves bytes) -> any-algorithm links
@@ -505,12 +533,85 @@ class NetworkModel:
         for pending in waiters:
             pending.start_s = now
             pending.reason = ""
-        operation = _Operation(schedule, waiters, label)
+        if not self._quiet or not schedule.phases:
+            self._begin_phase(_Operation(schedule, waiters, label))
+            return
+        info = self._alone_info.get(id(schedule))
+        if info is None:        # (the schedules are kept by the caches that hand them out: ids are not reused)
+            info = self._alone_info[id(schedule)] = (schedule, footprint(self.topology, schedule),
+                                                     isolated_duration_s(self.topology, schedule),
+                                                     alone_steps(self.topology, schedule))
+        _, claims, duration, steps = info
+        flowing, quiet_claims = self._flowing, self._quiet_claims
+        busy = False
+        meets: dict[int, _Quiet] = {}
+        for resource in claims:
+            if flowing.get(resource):
+                busy = True
+            quiet = quiet_claims.get(resource)
+            if quiet is not None and quiet.live and quiet.end_s > now:     # (one ending now is free)
+                meets[id(quiet)] = quiet
+        if not busy and not meets:
+            # The end as the flow network would compute it alone (the float sums of its phases from now), if it can
+            end = alone_end_s(steps, now) if steps is not None else now + duration
+            quiet = _Quiet(schedule, now, end, waiters, label, claims)
+            for resource in claims:
+                quiet_claims[resource] = quiet
+            self.quiet_operations += 1
+            if waiters:         # (nobody waits for a shadow: its claim just expires)
+                timer = self._at(end)
+                timer.callbacks.append(lambda _event, q=quiet: self._quiet_done(q))
+            return
+        for quiet in meets.values():
+            self._materialize(quiet)
+        operation = _Operation(schedule, waiters, label, claims)
+        self._claim(claims)
         self._begin_phase(operation)
+
+    def _at(self, time_s: float) -> simpy.Event:
+        """An event at exactly `time_s` (the engine's environment has `at`; a plain one gets a timeout)."""
+        at = getattr(self.env, "at", None)
+        return at(time_s) if at is not None else self.env.timeout(max(0.0, time_s - self.env.now))
+
+    def _claim(self, claims: tuple[int, ...]) -> None:
+        flowing = self._flowing
+        for resource in claims:
+            flowing[resource] = flowing.get(resource, 0) + 1
+
+    def _quiet_done(self, quiet: _Quiet) -> None:
+        if quiet.live:
+            quiet.live = False
+            for pending in quiet.waiters:
+                pending.done.succeed()
+
+    def _materialize(self, quiet: _Quiet) -> None:
+        """Put a quiet operation onto the flow network in the state it has now, having run alone since its start."""
+        quiet.live = False
+        self.materialized_operations += 1
+        now = self.env.now
+        phase, ready_s, flows = state_at(self.topology, quiet.schedule, quiet.start_s, now)
+        operation = _Operation(quiet.schedule, quiet.waiters, quiet.label, quiet.claims)
+        operation.phase = phase
+        self._claim(quiet.claims)
+        if ready_s is not None:             # in the phase's latency wait: its flows start at ready_s
+            timer = self._at(ready_s)
+            timer.callbacks.append(lambda _event, op=operation: self._start_flows(op))
+        elif flows:                         # sending: the bytes left, from now
+            if not self._refresh_pending:
+                self._sync()
+            self._owner.update(dict.fromkeys(self.network.start_many(flows, with_latency=False), operation))
+            operation.outstanding += len(flows)
+            self._reschedule_soon()
+        else:                               # (done by now: it ends at once)
+            self._begin_phase(operation)
 
     def _begin_phase(self, operation: _Operation) -> None:
         phases = operation.schedule.phases
         if operation.phase >= len(phases):
+            if operation.claims:
+                flowing = self._flowing
+                for resource in operation.claims:
+                    flowing[resource] -= 1
             for pending in operation.waiters:
                 pending.done.succeed()
             return

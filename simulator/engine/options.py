@@ -13,6 +13,8 @@ class EngineOptions:
     record_spans: bool = True
     shadow_traffic: bool = True     # with a plan: unsimulated ranks' traffic loads the links (symmetry)
     isolated_collectives: bool = True   # time link-isolated collectives alone, without flows (exact to rounding)
+    quiet_collectives: bool = True  # run an operation nothing in flight shares a link with alone, without flows
+                                    # (exact to rounding, like isolated_collectives: network_model.py)
     run_ahead: bool = True          # run compute ops nothing can interleave with without yielding (exact)
     rank_lookahead: bool = True     # ... also past other ranks' events while this rank's other streams are quiet
     inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)

@@ -253,6 +253,17 @@ class FlowNetwork:
                 loads[resource] = (used, self._capacity[resource])
         return loads
 
+    def sending(self) -> list[tuple[Flow, float]]:
+        """(flow, bytes still to send at now_s) of every flow still transmitting, by flow id (the bytes as the next
+        re-rating would compute them)."""
+        self._refresh()
+        now = self._now
+        found = []
+        for _, active in sorted(self._active.items()):
+            remaining = active.remaining - active.rate * (now - active.updated_s)
+            found.append((active.flow, remaining if remaining > 0.0 else 0.0))
+        return found
+
     def next_event_s(self) -> float | None:
         """Time of the next transmission end or delivery, or None when idle."""
         self._refresh()
