@@ -19,6 +19,11 @@ is not started. A collective whose component holds only collectives over its own
 simulated member from a single stream (so they never overlap), runs alone on its links: it is timed once
 per (kind, group, size) by simulating it alone on a FlowNetwork and then completes after that duration,
 without flows.
+
+With `quiet`, the same is decided at run time for every other operation (docs/engine.md, "Quiet collectives"): one
+launched while nothing in flight claims any resource of its footprint runs alone, without flows, claiming the
+footprint until its end; an operation launched onto a live quiet claim first puts that quiet one onto the flow
+network in the state it has reached alone (network/quiet.py), then runs as flows (claiming its footprint too).
 """
 
 from __future__ import annotations
