@@ -120,20 +120,20 @@ def test_rank_lookahead_changes_nothing_on_random_programs(steps):
 def test_network_analysis_of_copies_once(monkeypatch, nodes, global_batch, parallel):
     """The network model's analysis, which scans one micro-batch copy per `blocking`, finds the shadows and the
     link-isolated collectives that scanning every instruction finds."""
-    from simulator.engine import network_model
+    from simulator.engine import network_analysis, network_model
 
     found = []
     analyze = network_model.NetworkModel._analyze
 
     def recording(self, programs, isolate):
         analyze(self, programs, isolate)
-        scanned = sum(len(part) for p in programs for _, part in network_model._streams_to_scan(p))
+        scanned = sum(len(part) for p in programs for _, part in network_analysis._streams_to_scan(p))
         every = sum(len(part) for p in programs for part in p.streams.values())
         found.append((self._kept, dict(self._isolated), scanned < every))
 
     monkeypatch.setattr(network_model.NetworkModel, "_analyze", recording)
     api.simulate(scenario_from_dict(_doc(nodes, global_batch, **parallel)))
-    monkeypatch.setattr(network_model, "_streams_to_scan", lambda program: list(program.streams.items()))
+    monkeypatch.setattr(network_analysis, "_streams_to_scan", lambda program: list(program.streams.items()))
     api.simulate(scenario_from_dict(_doc(nodes, global_batch, **parallel)))
     (kept, isolated, skipped), (all_kept, all_isolated, _) = found
     assert skipped and isolated

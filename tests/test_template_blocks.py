@@ -10,7 +10,7 @@ import pytest
 
 from simulator.engine.allocator import make_allocator
 from simulator.engine.executor import EngineOptions, _Environment
-from simulator.engine.network_model import _streams_to_scan
+from simulator.engine.network_analysis import _streams_to_scan
 from simulator.engine.rank_state import RankState
 from simulator.parallel.program import Blocking, Collective, Period, Recv, Send, Signal, Transfer, WaitFor
 from tests.test_lowering_compiled import _doc
