@@ -29,6 +29,7 @@ network in the state it has reached alone (network/quiet.py), then runs as flows
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 import simpy
 
 from simulator.engine.network_analysis import analyze, any_footprint
@@ -70,21 +71,18 @@ class _Operation:
         self.claims = claims
 
 
+@dataclass(slots=True, eq=False)
 class _Quiet:
     """An operation running alone on its links, without flows (NetworkModel._launch): it ends at `end_s` unless it
     is materialized first (`live` False then, and its timer is ignored)."""
 
-    __slots__ = ("schedule", "start_s", "end_s", "waiters", "label", "claims", "live")
-
-    def __init__(self, schedule: CollectiveSchedule, start_s: float, end_s: float, waiters: list[Pending],
-                 label: str, claims: tuple[int, ...]):
-        self.schedule = schedule
-        self.start_s = start_s
-        self.end_s = end_s
-        self.waiters = waiters
-        self.label = label
-        self.claims = claims
-        self.live = True
+    schedule: CollectiveSchedule
+    start_s: float
+    end_s: float
+    waiters: list[Pending]
+    label: str
+    claims: tuple[int, ...]     # the footprint's resources
+    live: bool = True
 
 
 class _Gathering:
