@@ -133,7 +133,7 @@ class NetworkModel:
         self.quiet_operations = 0           # launched quiet (not counted in isolated_operations: stretches read it)
         self.materialized_operations = 0    # of those, put onto the flow network before they ended
         self._quiet = quiet
-        self._flowing: dict[int, int] = {}          # resource -> operations running as flows that claim it
+        self._flowing: dict[int, int] = {}          # resource -> operations running as flows that claim it (> 0)
         self._quiet_claims: dict[int, _Quiet] = {}  # resource -> the last quiet operation that claimed it
         self._alone_info: dict[int, tuple] = {}     # id(schedule) -> (schedule, footprint, duration alone)
         self._kept: set[tuple] | None = None          # shadow (kind, group, size) worth starting; None: all
@@ -417,27 +417,22 @@ class NetworkModel:
                                                      isolated_duration_s(self.topology, schedule),
                                                      alone_steps(self.topology, schedule))
         _, claims, duration, steps = info
-        flowing, quiet_claims = self._flowing, self._quiet_claims
-        busy = False
-        meets: dict[int, _Quiet] = {}
-        for resource in claims:
-            if flowing.get(resource):
-                busy = True
-            quiet = quiet_claims.get(resource)
-            if quiet is not None and quiet.live and quiet.end_s > now:     # (one ending now is free)
-                meets[id(quiet)] = quiet
+        quiet_claims = self._quiet_claims
+        busy = not self._flowing.keys().isdisjoint(claims)
+        # the quiet operations that claimed these resources last, each once, in the order of `claims` (deterministic)
+        meets = [quiet for quiet in dict.fromkeys(map(quiet_claims.get, claims))
+                 if quiet is not None and quiet.live and quiet.end_s > now]      # (one ending now is free)
         if not busy and not meets:
             # The end as the flow network would compute it alone (the float sums of its phases from now), if it can
             end = alone_end_s(steps, now) if steps is not None else now + duration
             quiet = _Quiet(schedule, now, end, waiters, label, claims)
-            for resource in claims:
-                quiet_claims[resource] = quiet
+            quiet_claims.update(dict.fromkeys(claims, quiet))
             self.quiet_operations += 1
             if waiters:         # (nobody waits for a shadow: its claim just expires)
                 timer = self._at(end)
                 timer.callbacks.append(lambda _event, q=quiet: self._quiet_done(q))
             return
-        for quiet in meets.values():
+        for quiet in meets:
             self._materialize(quiet)
         operation = _Operation(schedule, waiters, label, claims)
         self._claim(claims)
@@ -486,7 +481,11 @@ class NetworkModel:
             if operation.claims:
                 flowing = self._flowing
                 for resource in operation.claims:
-                    flowing[resource] -= 1
+                    left = flowing[resource] - 1
+                    if left:
+                        flowing[resource] = left
+                    else:
+                        del flowing[resource]       # (only claimed resources are keys: isdisjoint in _launch)
             for pending in operation.waiters:
                 pending.done.succeed()
             return
