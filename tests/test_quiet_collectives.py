@@ -41,6 +41,12 @@ def _model_run(topology, quiet: bool, posts) -> tuple[dict[str, float], NetworkM
         if what == "shadow":
             model._launch(model._lower("send", (0, 1), SIZE), [], name)
             return
+        if what == "shadows":       # two shadows of one launch: quiet together as one claim (or each on its own)
+            pairs = ((0, 1), (2, 3))
+            if not (quiet and model._launch_quiet_shadows(("send", (), SIZE), pairs, name)):
+                for pair in pairs:
+                    model._launch(model._lower("send", pair, SIZE), [], name)
+            return
         if what == "ring":
             pendings = [model.collective(r, Collective(name, "all_reduce", GROUP, SIZE)) for r in GROUP]
         else:
@@ -98,6 +104,16 @@ def test_an_interrupted_shadow_slows_the_sender_as_with_flows(a100, shadow_first
     assert model.materialized_operations == 1
     assert quiet["send"] == pytest.approx(flows["send"], rel=1e-9, abs=0)
     assert quiet["send"] > (send / 3 if shadow_first else 0.0) + send * 1.1
+
+
+def test_shadows_quiet_together_are_materialized_each_in_its_state(a100):
+    send = isolated_duration_s(a100, lower_collective(a100, "send", (0, 1), SIZE))
+    posts = [(0.0, "shadows", "shadows"), (send / 3, "send", "send")]
+    quiet, model = _model_run(a100, True, posts)
+    flows, _ = _model_run(a100, False, posts)
+    assert model.quiet_operations == 2 and model.materialized_operations == 2     # (both parts still sending)
+    assert quiet["send"] == pytest.approx(flows["send"], rel=1e-9, abs=0)
+    assert quiet["send"] > send / 3 + send * 1.1
 
 
 def test_the_off_switch_starts_no_quiet_operation(a100):

@@ -83,6 +83,7 @@ class _Quiet:
     label: str
     claims: tuple[int, ...]     # the footprint's resources
     live: bool = True
+    parts: tuple | None = None  # the shadows of one launch run quiet together: ((alone info, end), ...); None: one
 
 
 class _Gathering:
@@ -136,6 +137,7 @@ class NetworkModel:
         self._flowing: dict[int, int] = {}          # resource -> operations running as flows that claim it (> 0)
         self._quiet_claims: dict[int, _Quiet] = {}  # resource -> the last quiet operation that claimed it
         self._alone_info: dict[int, tuple] = {}     # id(schedule) -> (schedule, footprint, duration alone)
+        self._shadow_batches: dict[tuple, tuple] = {}   # (kind, group, size) -> its shadows' infos and union, or ()
         self._kept: set[tuple] | None = None          # shadow (kind, group, size) worth starting; None: all
         self._isolated: dict[tuple, float | None] = {}  # (kind, group, size) -> duration (None: not yet timed)
         self._footprints: dict[tuple, tuple[int, ...]] = {}   # (kind, group, moves bytes) -> any-algorithm links
@@ -208,8 +210,9 @@ class NetworkModel:
         else:
             self._launch(self._lower(kind, group, size), waiters, label)
         kept, dropped = self._shadow_launches(kind, group, size)
-        for shadow in kept:
-            self._launch(self._lower(kind, shadow, size), [], label)
+        if not (self._quiet and len(kept) > 1 and self._launch_quiet_shadows(key, kept, label)):
+            for shadow in kept:
+                self._launch(self._lower(kind, shadow, size), [], label)
         self.shadow_operations += len(kept)
         self.shadows_dropped += dropped
 
@@ -411,12 +414,7 @@ class NetworkModel:
         if not self._quiet or not schedule.phases:
             self._begin_phase(_Operation(schedule, waiters, label))
             return
-        info = self._alone_info.get(id(schedule))
-        if info is None:        # (the schedules are kept by the caches that hand them out: ids are not reused)
-            info = self._alone_info[id(schedule)] = (schedule, footprint(self.topology, schedule),
-                                                     isolated_duration_s(self.topology, schedule),
-                                                     alone_steps(self.topology, schedule))
-        _, claims, duration, steps = info
+        _, claims, duration, steps = self._alone_of(schedule)
         quiet_claims = self._quiet_claims
         busy = not self._flowing.keys().isdisjoint(claims)
         # the quiet operations that claimed these resources last, each once, in the order of `claims` (deterministic)
@@ -438,6 +436,38 @@ class NetworkModel:
         self._claim(claims)
         self._begin_phase(operation)
 
+    def _alone_of(self, schedule: CollectiveSchedule) -> tuple:
+        """(schedule, footprint, duration alone, quiet.alone_steps), remembered per schedule object."""
+        info = self._alone_info.get(id(schedule))
+        if info is None:        # (the schedules are kept by the caches that hand them out: ids are not reused)
+            info = self._alone_info[id(schedule)] = (schedule, footprint(self.topology, schedule),
+                                                     isolated_duration_s(self.topology, schedule),
+                                                     alone_steps(self.topology, schedule))
+        return info
+
+    def _launch_quiet_shadows(self, key: tuple, kept: tuple, label: str) -> bool:
+        """Run the shadows `kept` of a launch of `key` quiet together, as one claim on the union of their footprints,
+        if nothing in flight claims any of it (True); else launch nothing (False: each is launched on its own)."""
+        batch = self._shadow_batches.get(key)
+        if batch is None:
+            infos = tuple(self._alone_of(self._lower(key[0], group, key[2])) for group in kept)
+            batch = self._shadow_batches[key] = (infos, tuple(sorted(set().union(*(i[1] for i in infos))))) \
+                if all(info[0].phases for info in infos) else ()
+        if not batch:
+            return False
+        infos, union = batch
+        now = self.env.now
+        quiet_claims = self._quiet_claims
+        if not self._flowing.keys().isdisjoint(union) or any(
+                quiet is not None and quiet.live and quiet.end_s > now
+                for quiet in dict.fromkeys(map(quiet_claims.get, union))):
+            return False
+        parts = tuple((info, alone_end_s(info[3], now) if info[3] is not None else now + info[2]) for info in infos)
+        quiet = _Quiet(None, now, max(end for _, end in parts), [], label, union, parts=parts)
+        quiet_claims.update(dict.fromkeys(union, quiet))
+        self.quiet_operations += len(parts)
+        return True
+
     def _at(self, time_s: float) -> simpy.Event:
         """An event at exactly `time_s` (the engine's environment has `at`; a plain one gets a timeout)."""
         at = getattr(self.env, "at", None)
@@ -455,14 +485,25 @@ class NetworkModel:
                 pending.done.succeed()
 
     def _materialize(self, quiet: _Quiet) -> None:
-        """Put a quiet operation onto the flow network in the state it has now, having run alone since its start."""
+        """Put a quiet operation (each part not ended yet) onto the flow network in the state it has now, having run
+        alone since its start."""
         quiet.live = False
+        if quiet.parts is None:
+            self._materialize_one(quiet.schedule, quiet.start_s, quiet.waiters, quiet.label, quiet.claims)
+            return
+        now = self.env.now
+        for (schedule, claims, _, _), end in quiet.parts:
+            if end > now:
+                self._materialize_one(schedule, quiet.start_s, [], quiet.label, claims)
+
+    def _materialize_one(self, schedule: CollectiveSchedule, start_s: float, waiters: list[Pending], label: str,
+                         claims: tuple[int, ...]) -> None:
         self.materialized_operations += 1
         now = self.env.now
-        phase, ready_s, flows = state_at(self.topology, quiet.schedule, quiet.start_s, now)
-        operation = _Operation(quiet.schedule, quiet.waiters, quiet.label, quiet.claims)
+        phase, ready_s, flows = state_at(self.topology, schedule, start_s, now)
+        operation = _Operation(schedule, waiters, label, claims)
         operation.phase = phase
-        self._claim(quiet.claims)
+        self._claim(claims)
         if ready_s is not None:             # in the phase's latency wait: its flows start at ready_s
             timer = self._at(ready_s)
             timer.callbacks.append(lambda _event, op=operation: self._start_flows(op))
