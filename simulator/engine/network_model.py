@@ -76,7 +76,7 @@ class _Quiet:
     """An operation running alone on its links, without flows (NetworkModel._launch): it ends at `end_s` unless it
     is materialized first (`live` False then, and its timer is ignored)."""
 
-    schedule: CollectiveSchedule
+    schedule: CollectiveSchedule | None     # (None for shadows quiet together: `parts`)
     start_s: float
     end_s: float
     waiters: list[Pending]
