@@ -11,8 +11,9 @@ calls made here (`memory_workers=0`, no timelines or allocator events, as `memsi
 `time.process_time` (the steadier figure on a shared host): `RankState` set-up (`init`), the network model's analysis
 (`analyze`), `memory_log.apply` (`apply`) and everything else (`engine`). `--resumes` also counts the simpy resumes
 of the streams' processes (executor._stream_process steps) and the stretches replayed, under cProfile.
-`--no-quiet` turns EngineOptions.quiet_collectives off. `--functions` also times the set-up's inline planning and the parts of stretch replay (`FUNCTIONS`, CPU seconds
-inside each, nested ones included in their callers').
+`--functions` also times the set-up's inline planning and the parts of stretch replay (`FUNCTIONS`, CPU seconds
+inside each, nested ones included in their callers'). `--no-quiet` turns EngineOptions.quiet_collectives off; the row
+gives the network model's operation counters (isolated, quiet, materialized, shadow).
 """
 
 from __future__ import annotations

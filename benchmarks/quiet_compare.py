@@ -1,4 +1,4 @@
-"""A run's report with quiet collectives on and off (EngineOptions.quiet_collectives), alternated: CPU s and differences.
+"""A run's report with quiet collectives off and on (EngineOptions.quiet_collectives), alternated: CPU, differences.
 
 Run from the repository root::
 
