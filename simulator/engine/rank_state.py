@@ -421,6 +421,7 @@ class RankState:
             self.env.trigger_at(event, time_s)
 
     def event(self, name: str) -> simpy.Event:
-        if name not in self.events:
-            self.events[name] = self.env.event()
-        return self.events[name]
+        event = self.events.get(name)
+        if event is None:
+            event = self.events[name] = self.env.event()
+        return event
