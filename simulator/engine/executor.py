@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import heapq
+from heapq import heappush
 from typing import TYPE_CHECKING
 
 import simpy
 import simpy.core
+from simpy.core import NORMAL
 
 from simulator import lifetime
 from simulator.engine import memory_worker
@@ -194,6 +196,9 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
     if handoff is not None:      # a Blocking collective the compute stream reached before this stream started
         yield from _post_blocking(env, state, world, *handoff, record_spans)
     waiters = state.waiters
+    timer = simpy.Event(env)       # this stream's own timer (the Run path's env.at), pushed only when waited for
+    timer._ok, timer._value = True, None
+    queue, eids = env._queue, env._eid
     now = env.now
     own = options.run_ahead    # the last resume woke this stream alone: nothing else runs before peek()
     ahead = options.run_ahead
@@ -222,7 +227,10 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
             if duration > 0:
                 now = start + duration
                 if (not own or now >= peek()) and not may_go_on():
-                    yield env.at(now)
+                    # env.at(now) without a new Event: this stream's own timer, out of the queue whenever it runs
+                    timer.callbacks = []
+                    heappush(queue, (now, NORMAL, next(eids), timer))
+                    yield timer
                     own = ahead
                     quiet = None
             if record_spans:                            # engine/timelines.py makes the Span when read

@@ -145,6 +145,8 @@ class RankState:
         self.overlap_plans: dict[str, tuple[str, int, int, Collective]] = {}   # (S, k, j - i, S[k + 1])
         self.parked: dict[str, str] = {}             # stream whose instructions compute ran -> event it sleeps on
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
+        # (stream, its `blocked` entry) that made quiet() False last: it stays False while that entry stands
+        self._loud: tuple | None = None
         self.moved_plans = 0                         # compute Signals planned from their key's first copy (tests)
         # Starts of the compute stream's template parts whose Signals' plans are all their key's first part's
         # moved (_plan_blocks): two such parts of one key have the same plans but for their sibling part's start.
@@ -366,7 +368,14 @@ class RankState:
         compute stream next yields: each is finished, parked, or blocked (on an event not signalled yet, or
         in a transfer) with nothing but sends, signals to the compute stream and effect-free communication
         ahead of it until it must wait again. The compute stream may then run past other ranks' events: what
-        they do reaches this rank only through events it waits for (docs/engine.md)."""
+        they do reaches this rank only through events it waits for (docs/engine.md).
+
+        A stream blocked where it was not quiet stays so while it is blocked there (the same `blocked` entry):
+        events are only ever triggered, never reset, so the instructions ahead of it never become effect-free.
+        quiet() remembers that stream and answers False at once while its entry stands."""
+        loud = self._loud
+        if loud is not None and self.blocked.get(loud[0]) is loud[1] and loud[0] not in self.parked:
+            return False
         for name in self.program.streams:
             if name == COMPUTE_STREAM or name in self.done or name in self.parked:
                 continue
@@ -378,8 +387,10 @@ class RankState:
                 if not self.events[instruction.event].triggered:
                     continue
             elif type(instruction) is Collective and instruction.frees or type(instruction) is Transfer:
+                self._loud = (name, where)
                 return False              # its end makes memory calls (a transfer's: device or host ones)
             if not self._effect_free(name, index + 1):
+                self._loud = (name, where)
                 return False
         return True
 
@@ -410,6 +421,7 @@ class RankState:
             self.env.trigger_at(event, time_s)
 
     def event(self, name: str) -> simpy.Event:
-        if name not in self.events:
-            self.events[name] = self.env.event()
-        return self.events[name]
+        event = self.events.get(name)
+        if event is None:
+            event = self.events[name] = self.env.event()
+        return event
