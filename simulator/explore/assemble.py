@@ -54,6 +54,7 @@ class Caches:
     layouts: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))    # a plan layout's stage groups and pairs
     memory_rows: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))   # a schedule's ranks' memory rows
     clusters: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))      # resolved clusters (prepare._cluster)
+    plans: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))        # parallel plans (prepare._plan)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -238,7 +239,17 @@ def _pairs(plan, src: int, dst: int) -> tuple[tuple[int, int], ...]:
 def chunk_models(caches: Caches, prepared: Prepared) -> dict:
     """(stage, chunk) -> (ChunkModel, ProfileKey, cache key) of every chunk of the plan."""
     split = prepared.schedule.split_backward
-    return {(span.stage, span.chunk): _chunk(caches, prepared, span, split) for span in prepared.plan.stages}
+    # A span's chunk depends on it only through its kind and its layer count (_chunk): spans alike (a pipeline's
+    # middle stages, an interleaved plan's chunks) are looked up once per plan, not once each.
+    alike: dict[tuple, tuple] = {}
+    out = {}
+    for span in prepared.plan.stages:
+        key = (span.has_embedding, span.has_head, span.stop - span.start)
+        found = alike.get(key)
+        if found is None:
+            found = alike[key] = _chunk(caches, prepared, span, split)
+        out[(span.stage, span.chunk)] = found
+    return out
 
 
 @dataclass(frozen=True)
