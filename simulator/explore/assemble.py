@@ -26,7 +26,7 @@ from simulator.workload.graph import CATEGORIES
 
 # Bounds of the memos (docs/explore.md, "Memory"): a search walks its plans in enumeration order, so plans that
 # share a profile, a schedule or a graph come together and a few hundred recent entries are all it reuses.
-PROFILES_KEPT = 256                    # recorded profiles, about 0.5 MB each
+PROFILES_KEPT = 512                    # recorded profiles, about 0.5 MB each (a search share's: spread.py)
 CHUNKS_KEPT = 4096                     # chunk models (tens of KB each)
 SCHEDULE_ACTIONS_KEPT = 1_000_000      # actions of the built-in schedules kept (about 160 bytes each)
 STRUCTURE_NODES_KEPT = 400_000         # graph nodes of the structures kept (about 360 bytes each)
