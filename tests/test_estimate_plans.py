@@ -1,5 +1,6 @@
-"""The estimate's per-search memos of parallel plans (prepare._plan) and of a plan's alike spans
-(assemble.chunk_models) are exact: plans of one file estimated together get the reports each gets alone."""
+"""The estimate's per-search memos of parallel plans (prepare._plan), of a plan's alike spans
+(assemble.chunk_models) and of chunks' model states (stage_model._model_states) are exact: plans of one file
+estimated together get the reports each gets alone."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def test_plans_of_one_file_estimated_together_get_the_reports_each_gets_alone():
     assert [str(r) if not isinstance(r, dict) else r for r in together] == \
         [str(r) if not isinstance(r, dict) else r for r in alone]
     assert len(caches.plans) == 3          # pp 4; pp 2; pp 2 interleaved
+    # ZeRO 0 and 1 chunks of one shape (plans 0 and 2) declare their model states once (stage_model._model_states).
+    assert 0 < len(caches.states) < len(caches.chunks)
 
 
 def test_a_remembered_plan_is_the_plan_make_plan_gives():

@@ -30,6 +30,7 @@ PROFILES_KEPT = 512                    # recorded profiles, about 0.5 MB each (a
 CHUNKS_KEPT = 4096                     # chunk models (tens of KB each)
 SCHEDULE_ACTIONS_KEPT = 1_000_000      # actions of the built-in schedules kept (about 160 bytes each)
 STRUCTURE_NODES_KEPT = 400_000         # graph nodes of the structures kept (about 360 bytes each)
+STATES_KEPT = 512                      # chunks' model states (a tensor dict each; ZeRO 0 and 1 share them)
 SMALL_KEPT = 4096                      # stage inputs, rank layouts
 ROWS_KEPT = 256                        # schedules' memory rows (a few KB each)
 
@@ -55,6 +56,7 @@ class Caches:
     memory_rows: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))   # a schedule's ranks' memory rows
     clusters: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))      # resolved clusters (prepare._cluster)
     plans: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))        # parallel plans (prepare._plan)
+    states: Lru = field(default_factory=lambda: Lru(STATES_KEPT))      # chunks' model states (stage_model)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -151,7 +153,7 @@ def _chunk(caches: Caches, prepared: Prepared, span, split: bool) -> tuple[Chunk
         profile = caches.profile(key)
         found = caches.chunks[chunk_key] = (chunk_model(
             profile, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
-            prepared.device, caches.op_times.setdefault(prepared.device, {})), key, chunk_key)
+            prepared.device, caches.op_times.setdefault(prepared.device, {}), caches.states), key, chunk_key)
     return found
 
 
