@@ -50,13 +50,20 @@ def test_a_pool_gives_the_search_one_process_gives(scenario):
     assert replayed and len(replayed) < len([c for c in alone.candidates if c.estimate])
 
 
-def test_shares_split_by_tp_and_micro_batch_heaviest_first():
+def test_shares_split_by_tp_to_micro_batch_ratio_heaviest_first():
     items = [(k, (("parallel.tp", tp), ("parallel.pp", pp), ("parallel.dp", 8 // (tp * pp)),
                   ("training.micro_batch_size", mb)))
              for k, (tp, pp, mb) in enumerate([(1, 1, 1), (2, 4, 1), (1, 8, 1), (2, 1, 2), (1, 2, 1)])]
     found = spread.shares(items, 64)
     assert sorted(k for share in found for k, _ in share) == list(range(5))
-    assert [sorted(k for k, _ in share) for share in found] == [[0, 2, 4], [1], [3]]
+    # tp 2 : micro-batch 2 is ratio 1 with tp 1 : micro-batch 1 (the same micro-batch counts, so schedules).
+    assert [sorted(k for k, _ in share) for share in found] == [[0, 2, 3, 4], [1]]
+
+
+def test_profile_order_by_ratio_then_pp_then_tp_and_micro_batch():
+    rows = [(2, 4, 2), (1, 8, 1), (2, 4, 1), (1, 4, 1), (2, 8, 2), (2, 4, 2)]
+    settings = [(("parallel.tp", tp), ("parallel.pp", pp), ("training.micro_batch_size", mb)) for tp, pp, mb in rows]
+    assert spread.profile_order(settings) == [3, 0, 5, 1, 4, 2]
 
 
 LLAMA = Path(__file__).resolve().parent.parent / "scenarios" / "multi" / "llama7b-4x4090-pp4.toml"

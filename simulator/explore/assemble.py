@@ -26,10 +26,11 @@ from simulator.workload.graph import CATEGORIES
 
 # Bounds of the memos (docs/explore.md, "Memory"): a search walks its plans in enumeration order, so plans that
 # share a profile, a schedule or a graph come together and a few hundred recent entries are all it reuses.
-PROFILES_KEPT = 256                    # recorded profiles, about 0.5 MB each
+PROFILES_KEPT = 512                    # recorded profiles, about 0.5 MB each (a search share's: spread.py)
 CHUNKS_KEPT = 4096                     # chunk models (tens of KB each)
 SCHEDULE_ACTIONS_KEPT = 1_000_000      # actions of the built-in schedules kept (about 160 bytes each)
 STRUCTURE_NODES_KEPT = 400_000         # graph nodes of the structures kept (about 360 bytes each)
+STATES_KEPT = 512                      # chunks' model states (a tensor dict each; ZeRO 0 and 1 share them)
 SMALL_KEPT = 4096                      # stage inputs, rank layouts
 ROWS_KEPT = 256                        # schedules' memory rows (a few KB each)
 
@@ -54,6 +55,8 @@ class Caches:
     layouts: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))    # a plan layout's stage groups and pairs
     memory_rows: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))   # a schedule's ranks' memory rows
     clusters: Lru = field(default_factory=lambda: Lru(ROWS_KEPT))      # resolved clusters (prepare._cluster)
+    plans: Lru = field(default_factory=lambda: Lru(SMALL_KEPT))        # parallel plans (prepare._plan)
+    states: Lru = field(default_factory=lambda: Lru(STATES_KEPT))      # chunks' model states (stage_model)
 
     def profile(self, key: ProfileKey) -> ChunkProfile:
         found = self.profiles.get(key)
@@ -150,7 +153,7 @@ def _chunk(caches: Caches, prepared: Prepared, span, split: bool) -> tuple[Chunk
         profile = caches.profile(key)
         found = caches.chunks[chunk_key] = (chunk_model(
             profile, layers, recipe.dp, recipe.zero_stage, recipe.bucket_size_bytes, prepared.kernels,
-            prepared.device, caches.op_times.setdefault(prepared.device, {})), key, chunk_key)
+            prepared.device, caches.op_times.setdefault(prepared.device, {}), caches.states), key, chunk_key)
     return found
 
 
@@ -238,7 +241,17 @@ def _pairs(plan, src: int, dst: int) -> tuple[tuple[int, int], ...]:
 def chunk_models(caches: Caches, prepared: Prepared) -> dict:
     """(stage, chunk) -> (ChunkModel, ProfileKey, cache key) of every chunk of the plan."""
     split = prepared.schedule.split_backward
-    return {(span.stage, span.chunk): _chunk(caches, prepared, span, split) for span in prepared.plan.stages}
+    # A span's chunk depends on it only through its kind and its layer count (_chunk): spans alike (a pipeline's
+    # middle stages, an interleaved plan's chunks) are looked up once per plan, not once each.
+    alike: dict[tuple, tuple] = {}
+    out = {}
+    for span in prepared.plan.stages:
+        key = (span.has_embedding, span.has_head, span.stop - span.start)
+        found = alike.get(key)
+        if found is None:
+            found = alike[key] = _chunk(caches, prepared, span, split)
+        out[(span.stage, span.chunk)] = found
+    return out
 
 
 @dataclass(frozen=True)

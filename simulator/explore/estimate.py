@@ -66,7 +66,7 @@ def estimate_reports(scenarios: Sequence[Scenario], *, errors: str = "raise",
     pending = 0
     for k, scenario in enumerate(scenarios):
         try:
-            prepared = prepare(scenario, caches.schedules, caches.clusters)
+            prepared = prepare(scenario, caches.schedules, caches.clusters, caches.plans)
             found = None
             if memory_first and not replay and not leaves_out(prepared):
                 found = chunk_models(caches, prepared)

@@ -11,7 +11,7 @@ from simulator.api import (_check_device_options, _check_plan, _names_topology, 
 from simulator.errors import PlanError
 from simulator.hardware.catalog import DeviceSpec
 from simulator.parallel.overlap import NO_OVERLAP_CHANGE, OverlapOptions, resolve_overlap
-from simulator.parallel.plan import ParallelPlan, make_plan
+from simulator.parallel.plan import INTERLEAVED, ParallelPlan, make_plan
 from simulator.parallel.schedule_check import load_schedule
 from simulator.parallel.schedules import SCHEDULE_NAMES, Schedule, by_name
 from simulator.scenario import Scenario
@@ -42,12 +42,12 @@ class Prepared:
         return self.cluster.topology
 
 
-def prepare(scenario: Scenario, schedules=None, clusters=None) -> Prepared:
+def prepare(scenario: Scenario, schedules=None, clusters=None, plans=None) -> Prepared:
     """Check `scenario` as `simulate(scenario)` does and resolve its cluster, plan, recipe and schedule, with the
     device as the run's kernels see it (attention backend, CUDA graphs: api._run_device) and the overlap switches.
     `schedules`: a memo (dict-like: get / setitem) of built-in schedules by (name, p, m, v) that the caller keeps
     (Caches.schedules, bounded); None builds the schedule. `clusters`: a dict the caller keeps of resolved clusters
-    (`_cluster`); None resolves each.
+    (`_cluster`); None resolves each. `plans`: a dict the caller keeps of parallel plans (`_plan`); None makes each.
 
     Raises:
         MemsimError: the error `simulate(scenario)` raises for it (same message).
@@ -79,7 +79,7 @@ def prepare(scenario: Scenario, schedules=None, clusters=None) -> Prepared:
     if cluster.topology is None and offloading(scenario):
         _multi_setup(scenario)          # raises its refusal (offload needs a topology)
     topology = cluster.topology if cluster.topology is not None else load_topology_for(cluster.device)
-    plan = make_plan(scenario, topology)
+    plan = _plan(scenario, topology, plans)
     overlap = resolve_overlap(scenario, nvlink=cluster.device.nvlink_bytes_per_s_per_direction > 0, plan=plan)
     recipe = multi_recipe(scenario, cluster.device, cluster.topology)
     schedule = _schedule(p.schedule, p.pp, recipe.accumulation_steps, p.virtual_stages, schedules)
@@ -103,6 +103,25 @@ def _cluster(scenario: Scenario, clusters) -> Cluster:
     found = clusters.get(key)
     if found is None:
         found = clusters[key] = resolve_cluster(scenario)
+    return found
+
+
+def _plan(scenario: Scenario, topology, plans) -> ParallelPlan:
+    """make_plan(scenario, topology), remembered in `plans` by all it reads: the plan's degrees, placement,
+    virtual stages and sequence parallelism, whether its schedule is the interleaved one or a file (the rules that
+    name the schedule fail, and a failure is not remembered), the model's sizes the rules check, the file named in
+    messages, and the topology's size and name. Plans differing only in recompute, ZeRO stage or a non-interleaved
+    built-in schedule share one (its straddling-groups check walks every group of every axis)."""
+    if plans is None:
+        return make_plan(scenario, topology)
+    p, model = scenario.parallel, scenario.model
+    key = (getattr(scenario, "source", ""), p.dp, p.tp, p.pp, p.virtual_stages, p.placement, p.sequence_parallel,
+           p.schedule == INTERLEAVED, p.schedule_is_file, model.num_attention_heads, model.num_kv_heads,
+           model.ffn_hidden_size, model.num_layers, model.seq_length, topology.num_gpus, topology.gpus_per_node,
+           topology.name, topology.nodes)
+    found = plans.get(key)
+    if found is None:
+        found = plans[key] = make_plan(scenario, topology)     # a refusal raises and is not remembered
     return found
 
 

@@ -1,4 +1,4 @@
-"""A plan search's estimates over an executor's workers: the candidates split by (tp, micro-batch), each share
+"""A plan search's estimates over an executor's workers: the candidates split by tp : micro-batch, each share
 built, checked and estimated in one worker with that worker's caches, the reports gathered by candidate.
 
     for k, outcome in estimate_shares(executor, document, source, fixed, items, caches=caches):
@@ -10,6 +10,7 @@ assemble.Caches), so the search's output does not depend on the executor (tests/
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterator, Sequence
 
 from simulator.errors import MemsimError
@@ -32,14 +33,25 @@ def rule(message: str, source: str) -> str:
     return message[len(prefix):] if message.startswith(prefix) else message
 
 
+def _ratio(settings) -> tuple[int, int]:
+    """tp : micro-batch in lowest terms: the plans of one ratio and pp have the same micro-batch count (global
+    batch x tp x pp / (GPUs x micro-batch)), so the same schedules and graphs."""
+    chosen = dict(settings)
+    tp, mb = chosen.get("parallel.tp", 0), chosen.get("training.micro_batch_size", 0)
+    common = math.gcd(tp, mb) or 1
+    return tp // common, mb // common
+
+
 def profile_order(settings: Sequence[Settings]) -> list[int]:
-    """Indices of `settings` by (tp, micro-batch), then in enumeration order: the plans of one (tp, micro-batch)
-    share their chunks' profiles whatever their pp, so each profile is recorded once and the bounded caches
-    (assemble.Caches) keep what the next plans reuse; a schedule and its graph are still used by consecutive
-    plans."""
+    """Indices of `settings` by tp : micro-batch, pp, (tp, micro-batch), then in enumeration order: the plans of
+    one ratio and pp share their schedules and graphs, which are built once while they come together; the plans
+    of one (tp, micro-batch) share their chunks' profiles whatever their pp, and a ratio's few (tp, micro-batch)
+    pairs' profiles (about 100 each on the GPT-3 search) stay in the bounded profile memo
+    (assemble.PROFILES_KEPT) while its pps are walked."""
     def key(k: int) -> tuple:
         chosen = dict(settings[k])
-        return (chosen.get("parallel.tp", 0), chosen.get("training.micro_batch_size", 0), k)
+        return (_ratio(settings[k]), chosen.get("parallel.pp", 0), chosen.get("parallel.tp", 0),
+                chosen.get("training.micro_batch_size", 0), k)
 
     return sorted(range(len(settings)), key=key)
 
@@ -90,12 +102,11 @@ def _weight(settings: Settings, global_batch: int) -> float:
 
 
 def shares(items: Sequence[tuple[int, Settings]], global_batch: int) -> list[list[tuple[int, Settings]]]:
-    """The items split by (tp, micro-batch), heaviest share first (so that the last to finish are short)."""
+    """The items split by tp : micro-batch (each schedule and graph built in one worker only; each (tp,
+    micro-batch)'s profiles too), heaviest share first (so that the last to finish are short)."""
     groups: dict[tuple, list[tuple[int, Settings]]] = {}
     for index, settings in items:
-        s = dict(settings)
-        groups.setdefault((s.get("parallel.tp", 0), s.get("training.micro_batch_size", 0)), []).append(
-            (index, settings))
+        groups.setdefault(_ratio(settings), []).append((index, settings))
     weighted = [(sum(_weight(st, global_batch) for _, st in group), key, group) for key, group in groups.items()]
     return [group for _, _, group in sorted(weighted, key=lambda item: (-item[0], item[1]))]
 

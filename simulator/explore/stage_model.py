@@ -164,11 +164,33 @@ def _landing_run(params: list[ParamSpec], layers: int) -> list[int]:
             for k, p in enumerate(params)]
 
 
+def _model_states(profile: ChunkProfile, layers: int, params, dts, recipe: Recipe, kernels: KernelProfile,
+                  memo) -> tuple[IdSource, dict[int, Tensor], object]:
+    """(the id source after them, the tensors they registered, the model states) of a chunk's parameters. What
+    the memo keeps is never changed by chunk_model: each call gets its own copy of the tensor dict (the later
+    steps add and drop entries; Tensors are frozen) and its own id source, continuing where the states' ids end."""
+    key = (profile.key, layers, kernels)
+    found = memo.get(key) if memo is not None else None
+    if found is None:
+        ids = IdSource(1)
+        tensors: dict[int, Tensor] = {}
+        refs = [SimpleNamespace(shape=p.shape, dtype=p.dtype) for p in params]
+        states = model_states(SimpleNamespace(refs=refs, names=[p.name for p in params]), dts, recipe, kernels,
+                              ids, tensors)
+        found = (states, dict(tensors), ids.next)
+        if memo is not None:
+            memo[key] = found
+    states, registered, next_id = found
+    return IdSource(next_id), dict(registered), states
+
+
 def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bucket_size_bytes: int,
-                kernels: KernelProfile, device: DeviceSpec, cache: dict) -> ChunkModel:
+                kernels: KernelProfile, device: DeviceSpec, cache: dict, states_memo=None) -> ChunkModel:
     """The chunk of `layers` layers (its profile's key), data-parallel over `dp` ranks with `zero_stage`.
 
-    `cache`: timed_ops' op-time cache for `device`.
+    `cache`: timed_ops' op-time cache for `device`. `states_memo`: a dict-like the caller keeps of the model
+    states (training.model_states) by (profile key, layers, kernels): they do not depend on dp or the ZeRO stage,
+    so chunks of one shape under several of them declare them once (None: each call declares its own).
     """
     key = profile.key
     recipe: Recipe = key.recipe
@@ -193,11 +215,7 @@ def chunk_model(profile: ChunkProfile, layers: int, dp: int, zero_stage: int, bu
     backward_first, backward_later = backward(profile.backward_first), backward(profile.backward_later)
     params = _params_for(profile, layers)
     sync_runs = backward_runs(profile, layers, margin_s)
-    ids = IdSource(1)
-    tensors: dict[int, Tensor] = {}
-    refs = [SimpleNamespace(shape=p.shape, dtype=p.dtype) for p in params]
-    states = model_states(SimpleNamespace(refs=refs, names=[p.name for p in params]), dts, recipe, kernels, ids,
-                          tensors)
+    ids, tensors, states = _model_states(profile, layers, params, dts, recipe, kernels, states_memo)
     persistent = {c: 0 for c in CATEGORIES}
     parameter_count = sum(numel(p.shape) for p in params)
     param_bytes = sum(numel(p.shape) * DTYPE_BYTES[p.dtype] for p in params)

@@ -130,7 +130,7 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
             table.status[k], table.errors[k] = INVALID, scenario
             continue
         try:
-            prepared = prepare(scenario, caches.schedules, caches.clusters)
+            prepared = prepare(scenario, caches.schedules, caches.clusters, caches.plans)
             if leaves_out(prepared):
                 report = estimate_reports([scenario], caches=caches, replay=replay)[0]
                 table.status[k], table.reports[k] = FALLBACK, report
