@@ -26,7 +26,8 @@ from simulator.workload.loss_scaler import check_loss_scale, skipped_step
 from simulator.workload.primitives import KernelProfile
 from simulator.workload.peft import LoraConfig, check_peft, resolve_targets
 from simulator.workload.sparsity import check_sparsity
-from simulator.workload.training import IterationWorkload, Recipe, build_iteration
+from simulator.offload.apply import build_iteration
+from simulator.workload.training import IterationWorkload, Recipe
 
 if TYPE_CHECKING:
     from simulator.parallel.plan import ParallelPlan

@@ -1,14 +1,16 @@
 """Apply a rank's offload options to its iteration workload: optimizer (ZeRO-Offload), parameters, activations, a
-DLRM's embedding tables."""
+DLRM's embedding tables; `build_iteration`: a rank's iteration built with them."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from simulator.offload.activations import HostSaver
 from simulator.offload.embeddings import offload_embeddings
 from simulator.offload.optimizer import offload_optimizer
 from simulator.offload.state import HostState, OffloadConfig
 from simulator.offload.zero3 import offload_zero3
+from simulator.workload.training import build_iteration as build_plain_iteration
 
 
 def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids, saver=None, optimizer: str = "adamw"):
@@ -32,3 +34,19 @@ def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids
     if config.embeddings == "host":
         workload = offload_embeddings(workload, config, optimizer, ids, host)
     return replace(workload, host=host)
+
+
+class _Steps:
+    """What workload.training.build_iteration calls to apply a recipe's offload (handed in: that package does
+    not import this one, which builds on it)."""
+
+    host_saver = HostSaver
+    apply = staticmethod(apply_offload)
+
+
+STEPS = _Steps()
+
+
+def build_iteration(shape, recipe, profile):
+    """workload.training.build_iteration with the recipe's offload applied (the entry point when it may be set)."""
+    return build_plain_iteration(shape, recipe, profile, offload=STEPS)

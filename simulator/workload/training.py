@@ -235,7 +235,7 @@ def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, id
     return ModelStates(persistent, workspaces, grad_buffers, master, state_tensors, opt_ops, use)
 
 
-def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> IterationWorkload:
+def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile, offload=None) -> IterationWorkload:
     """Build the ops of one training iteration on one rank (no pipeline parallelism).
 
     With `recipe.tp` > 1 the rank holds its tensor-parallel shards and its ops include the
@@ -243,7 +243,13 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     buffer of sequence parallelism is allocated with the parameters. With `recipe.dp` > 1 the
     rank's gradient synchronization and ZeRO sharding (`recipe.zero_stage`) are added as
     data_parallel.py describes (collectives of group "dp"); dp = 1 is the single-device program.
+
+    `offload`: what applies `recipe.offload` (its `host_saver()` and `apply(...)`), needed when recipe.offload is
+    set. The offload package builds on this one, so it hands itself in: simulator.offload.apply.build_iteration.
     """
+    if recipe.offload is not None and offload is None:
+        raise PlanError("build_iteration: recipe.offload is set but offload= is not given "
+                        "(simulator.offload.apply.build_iteration passes it)")
     _check_data_parallel(recipe)
     dts = recipe_dtypes(recipe)
     b = recipe.micro_batch_size
@@ -252,7 +258,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     # on a GPU that tensor lives in host memory and costs the device nothing.
     rng_bytes = CPU_RNG_STATE_BYTES if profile.device_kind == "cpu" else 0
     tape = Tape(microbatch=0, compress_saved=compress, rng_state_bytes=rng_bytes)
-    tape.saver = _host_saver(recipe)
+    tape.saver = _host_saver(recipe, offload)
     fp8 = recipe.precision == "fp8-mixed"
     ops = Ops(tape, profile, dts.autocast, fp8_linear=fp8, tp=recipe.tp,
               sequence_parallel=recipe.sequence_parallel)
@@ -340,7 +346,7 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
     )
     zero_on_one = recipe.offload is not None and recipe.zero_stage > 0   # DeepSpeed's ZeRO runs on one GPU too
     if recipe.dp == 1 and not zero_on_one:
-        return _offloaded(workload, recipe, params, ids, tape.saver)
+        return _offloaded(workload, recipe, params, ids, tape.saver, offload)
     setup = DataParallelSetup(recipe.dp, recipe.zero_stage, recipe.framework, recipe.bucket_size_bytes,
                               recipe.accumulation_steps, recipe.optimizer, recipe.optimizer_implementation,
                               profile.device_kind == "cpu", dts.param, dts.master, recipe.compression)
@@ -348,7 +354,8 @@ def build_iteration(shape: Shape, recipe: Recipe, profile: KernelProfile) -> Ite
                        grad_buffers[k] if grad_buffers else None, tuple(ref.shape))
              for k, (ref, name) in enumerate(zip(params.refs, params.names))]
     lists = MicrobatchOps(first_ops, policy, later_ops, later_policy)
-    return _offloaded(apply_data_parallel(workload, setup, infos, lists, ids), recipe, params, ids, tape.saver)
+    return _offloaded(apply_data_parallel(workload, setup, infos, lists, ids), recipe, params, ids, tape.saver,
+                      offload)
 
 
 def make_builder(ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkpointing, b: int,
@@ -366,20 +373,16 @@ def make_builder(ops: Ops, shape: Shape, param_dtype: str, checkpointing: Checkp
     return TransformerBuilder(ops, shape, param_dtype, checkpointing, b, adapters=adapters)
 
 
-def _host_saver(recipe: Recipe):
+def _host_saver(recipe: Recipe, offload):
     """save_on_cpu's hooks for the tapes when activations are offloaded (offload/activations.py), else None."""
     if recipe.offload is None or recipe.offload.activations != "cpu":
         return None
-    from simulator.offload.activations import HostSaver
-
-    return HostSaver()
+    return offload.host_saver()
 
 
-def _offloaded(workload: IterationWorkload, recipe: Recipe, params, ids: IdSource, saver) -> IterationWorkload:
-    """The workload with recipe.offload applied (simulator/offload), or as it is without offload."""
+def _offloaded(workload: IterationWorkload, recipe: Recipe, params, ids: IdSource, saver, offload) -> IterationWorkload:
+    """The workload with recipe.offload applied (by `offload`: simulator/offload), or as it is without offload."""
     if recipe.offload is None:
         return workload
-    from simulator.offload.apply import apply_offload
-
-    return apply_offload(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver,
+    return offload.apply(workload, recipe.offload, max(numel(ref.shape) for ref in params.refs), ids, saver,
                          optimizer=recipe.optimizer)
