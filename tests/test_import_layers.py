@@ -1,97 +1,110 @@
-"""No import cycles between simulator's packages: every import, at module level or inside a function, read from the
-source (a lazy import hides a dependency, it does not remove it)."""
+"""No import cycles between simulator's modules: a module never imports (even lazily, or for type checking) one
+that imports it back, directly or through others."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "simulator"
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _unit(module: str) -> str:
-    """The package a module belongs to (simulator.engine.executor -> simulator.engine); a top-level module is its own."""
-    parts = module.split(".")
-    if len(parts) > 2 or (len(parts) == 2 and (ROOT / parts[1]).is_dir()):
-        return ".".join(parts[:2])
-    return module
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    found = {}
-    for path in ROOT.rglob("*.py"):
-        name = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
-        found[name.removesuffix(".__init__")] = path
-    return found
-
-
-def package_edges() -> dict[str, set[str]]:
-    """Package -> the other packages its modules import."""
-    modules = _modules()
-    edges: dict[str, set[str]] = {}
+def import_graph(package: str = "simulator") -> nx.DiGraph:
+    """module -> the simulator modules it imports anywhere in its source (module level, functions, TYPE_CHECKING)."""
+    modules = {_module(path): path for path in (ROOT / package).rglob("*.py")}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
     for name, path in modules.items():
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    full = f"{node.module}.{alias.name}"
-                    targets.add(full if full in modules else node.module)
-            elif isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-        edges.setdefault(_unit(name), set()).update(
-            _unit(t) for t in targets if t in modules and _unit(t) != _unit(name))
-    return edges
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from package import module` imports the module (the package's __init__ only runs first)
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and target != package:
+                    graph.add_edge(name, target)
+    return graph
 
 
-def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one node (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found = []
-    for root in sorted(edges):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges.get(root, ()))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(edges.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
+def test_there_are_modules_to_check():
+    assert import_graph().number_of_nodes() > 100
+
+
+# Cycles that exist and are still to be untied (each through a lazy or TYPE_CHECKING import); the test fails on
+# any other, and on one of these growing. api <-> report.metrics and engine.executor <-> engine.rank_state were
+# untied by moving model_shape (simulator/scenario_shape.py) and EngineOptions (engine/options.py) down,
+# parallel.lower_multi <-> parallel.offload_lowering by a Protocol of what the offload lowering needs of the streams.
+KNOWN_CYCLES = [
+    ['simulator.engine.allocator', 'simulator.engine.caching_allocator'],
+    ['simulator.network.topology', 'simulator.network.topology_graph'],
+    ['simulator.workload.compression', 'simulator.workload.compression.bytegrad',
+     'simulator.workload.compression.powersgd', 'simulator.workload.compression.topk'],
+    ['simulator.workload.data_parallel', 'simulator.workload.training'],
+    ['simulator.workload.linformer', 'simulator.workload.transformer'],
+    ['simulator.workload.replay', 'simulator.workload.tape'],
+]
+
+
+def _cycles() -> list[list[str]]:
+    graph = import_graph()
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+
+
+def test_no_import_cycles_but_the_known_ones():
+    new = [cycle for cycle in _cycles() if cycle not in KNOWN_CYCLES]
+    assert not new, "import cycles: " + "; ".join(" <-> ".join(c) for c in new)
+
+
+@pytest.mark.parametrize("a,b", [("simulator.api", "simulator.report.metrics"),
+                                 ("simulator.engine.executor", "simulator.engine.rank_state")])
+def test_the_untied_pairs_stay_untied(a, b):
+    graph = import_graph()
+    assert not (nx.has_path(graph, a, b) and nx.has_path(graph, b, a)), f"{a} and {b} import each other"
+
+
+def _package(module: str) -> str:
+    """simulator.engine.executor -> simulator.engine; a top-level module (simulator.api) is its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (ROOT / Path(*parts)).is_dir() else module
+
+
+def package_graph(modules: nx.DiGraph) -> nx.DiGraph:
+    """The module graph collapsed to packages: an edge where some module of one imports some module of the other."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from({_package(m) for m in modules})
+    graph.add_edges_from((_package(a), _package(b)) for a, b in modules.edges if _package(a) != _package(b))
+    return graph
 
 
 def test_no_import_cycle_between_packages():
-    assert cycles(package_edges()) == []
+    """Stricter than the modules' test: workload.training once imported simulator.offload lazily while offload's
+    modules import workload's (no module cycle, a package one); offload now hands build_iteration its steps."""
+    cycles = [sorted(c) for c in nx.strongly_connected_components(package_graph(import_graph())) if len(c) > 1]
+    assert not cycles, "package import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-def test_the_scan_finds_a_cycle_and_real_imports():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    edges = package_edges()
-    assert "simulator.workload" in edges["simulator.offload"]        # offload builds on workload
-    assert "simulator.offload" not in edges["simulator.workload"]    # and workload does not import it
-    assert "simulator.engine" in edges["simulator.api"]
+def test_the_package_graph_sees_a_cycle():
+    modules = nx.DiGraph([("simulator.workload.training", "simulator.offload.apply"),
+                          ("simulator.offload.apply", "simulator.workload.graph")])
+    assert [sorted(c) for c in nx.simple_cycles(package_graph(modules))] == [["simulator.offload", "simulator.workload"]]
+    assert "simulator.workload" in package_graph(import_graph()).successors("simulator.offload")
