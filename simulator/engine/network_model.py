@@ -71,6 +71,13 @@ class _Operation:
         self.claims = claims
 
 
+def _end_alone(info: tuple, now: float) -> float:
+    """When an operation with `NetworkModel._alone_of`'s `info` started now ends alone: the float sums of its phases
+    from now, as the flow network would do them (quiet.alone_steps), or else now + its duration alone."""
+    _, _, duration, steps = info
+    return alone_end_s(steps, now) if steps is not None else now + duration
+
+
 @dataclass(slots=True, eq=False)
 class _Quiet:
     """An operation running alone on its links, without flows (NetworkModel._launch): it ends at `end_s` unless it
@@ -414,17 +421,14 @@ class NetworkModel:
         if not self._quiet or not schedule.phases:
             self._begin_phase(_Operation(schedule, waiters, label))
             return
-        _, claims, duration, steps = self._alone_of(schedule)
-        quiet_claims = self._quiet_claims
+        info = self._alone_of(schedule)
+        claims = info[1]
         busy = not self._flowing.keys().isdisjoint(claims)
-        # the quiet operations that claimed these resources last, each once, in the order of `claims` (deterministic)
-        meets = [quiet for quiet in dict.fromkeys(map(quiet_claims.get, claims))
-                 if quiet is not None and quiet.live and quiet.end_s > now]      # (one ending now is free)
+        meets = self._live_quiet(claims, now)
         if not busy and not meets:
-            # The end as the flow network would compute it alone (the float sums of its phases from now), if it can
-            end = alone_end_s(steps, now) if steps is not None else now + duration
+            end = _end_alone(info, now)
             quiet = _Quiet(schedule, now, end, waiters, label, claims)
-            quiet_claims.update(dict.fromkeys(claims, quiet))
+            self._quiet_claims.update(dict.fromkeys(claims, quiet))
             self.quiet_operations += 1
             if waiters:         # (nobody waits for a shadow: its claim just expires)
                 timer = self._at(end)
@@ -435,6 +439,12 @@ class NetworkModel:
         operation = _Operation(schedule, waiters, label, claims)
         self._claim(claims)
         self._begin_phase(operation)
+
+    def _live_quiet(self, claims: tuple[int, ...], now: float) -> list[_Quiet]:
+        """The quiet operations still running that claimed any of `claims` last, each once, in the order of `claims`
+        (deterministic); one ending now is free."""
+        return [quiet for quiet in dict.fromkeys(map(self._quiet_claims.get, claims))
+                if quiet is not None and quiet.live and quiet.end_s > now]
 
     def _alone_of(self, schedule: CollectiveSchedule) -> tuple:
         """(schedule, footprint, duration alone, quiet.alone_steps), remembered per schedule object."""
@@ -457,14 +467,11 @@ class NetworkModel:
             return False
         infos, union = batch
         now = self.env.now
-        quiet_claims = self._quiet_claims
-        if not self._flowing.keys().isdisjoint(union) or any(
-                quiet is not None and quiet.live and quiet.end_s > now
-                for quiet in dict.fromkeys(map(quiet_claims.get, union))):
+        if not self._flowing.keys().isdisjoint(union) or self._live_quiet(union, now):
             return False
-        parts = tuple((info, alone_end_s(info[3], now) if info[3] is not None else now + info[2]) for info in infos)
+        parts = tuple((info, _end_alone(info, now)) for info in infos)
         quiet = _Quiet(None, now, max(end for _, end in parts), [], label, union, parts=parts)
-        quiet_claims.update(dict.fromkeys(union, quiet))
+        self._quiet_claims.update(dict.fromkeys(union, quiet))
         self.quiet_operations += len(parts)
         return True
 
