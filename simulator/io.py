@@ -4,30 +4,38 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
-import tempfile
 from pathlib import Path
+from typing import Callable, TypeVar
 
-# Temporaries (files and staging folders) this process has made and not yet moved into place or removed. A signal
-# can land between the call that makes one and the `try` that would remove it; `remove_temporaries` (the CLI calls
-# it on its way out) removes what such a signal left.
+T = TypeVar("T")
+
+# Temporaries (files and staging folders) this process has made and not yet moved into place or removed. Each is
+# registered before it is made, so a signal landing anywhere leaves it where `remove_temporaries` (the CLI calls it
+# on its way out) finds it. Holding signals around the making is not enough: a signal sent to the process can be
+# delivered to another thread (numpy's BLAS starts one) that does not hold them, and Python then raises in the main
+# thread at once.
 _TEMPORARIES: set[str] = set()
-_HELD = {signal.SIGINT, signal.SIGTERM}
 
 
-def _made(create):
-    """`create()`'s path, registered as a temporary with SIGINT and SIGTERM held meanwhile (so that none lands
-    between the two)."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    previous = mask(signal.SIG_BLOCK, _HELD) if mask else None
-    try:
-        made = create()
-        _TEMPORARIES.add(made[1] if isinstance(made, tuple) else made)
-        return made
-    finally:
-        if mask:
-            mask(signal.SIG_SETMASK, previous)
+def _temporary(parent: str | os.PathLike, prefix: str, suffix: str, make: Callable[[str], T]) -> tuple[str, T]:
+    """A new temporary `parent/<prefix><random><suffix>` made by `make(path)` (which raises FileExistsError where
+    the name is taken), registered before it exists; the path and what `make` returned."""
+    while True:
+        path = os.path.join(os.fspath(parent), f"{prefix}{os.urandom(6).hex()}{suffix}")
+        _TEMPORARIES.add(path)
+        try:
+            return path, make(path)
+        except FileExistsError:        # another process's temporary: not ours to remove
+            _TEMPORARIES.discard(path)
+
+
+def _new_file(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+
+
+def _new_folder(path: str) -> None:
+    os.mkdir(path, 0o700)
 
 
 def _settled(path: str | os.PathLike) -> None:
@@ -51,13 +59,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that readers see either the old file or the whole new one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _made(lambda: tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp, fd = _temporary(target.parent, f".{target.name}.", ".tmp", _new_file)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)   # mkstemp creates 0600; outputs are meant to be shared
+        os.chmod(tmp, 0o644)   # made 0600 (as mkstemp does); outputs are meant to be shared
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -91,9 +99,8 @@ class OutputSet:
     def __init__(self, target: str | os.PathLike):
         self.target = Path(os.path.abspath(target))
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(_made(lambda: tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".tmp",
-                                                           dir=self.target.parent)))
-        os.chmod(self.staging, 0o755)     # mkdtemp creates 0700; outputs are meant to be shared
+        self.staging = Path(_temporary(self.target.parent, f".{self.target.name}.", ".tmp", _new_folder)[0])
+        os.chmod(self.staging, 0o755)     # made 0700 (as mkdtemp does); outputs are meant to be shared
         self.names: list[str] = []
 
     def path(self, name: str) -> Path:
@@ -120,21 +127,25 @@ class OutputSet:
 
     def commit(self) -> None:
         """Swap the staging folder into place and remove the old set."""
+        aside = None
         try:
             if self.target.is_dir():
                 self._keep_others()
                 if _exchange(self.staging, self.target):
                     self.discard()                                     # now the old set
                     return
-                aside = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".old", dir=self.target.parent))
+                aside = Path(_temporary(self.target.parent, f".{self.target.name}.", ".old", _new_folder)[0])
                 os.rename(self.target, aside / "set")
                 os.rename(self.staging, self.target)
                 _settled(self.staging)
                 shutil.rmtree(aside, ignore_errors=True)
+                _settled(aside)
                 return
             os.rename(self.staging, self.target)
             _settled(self.staging)
         except BaseException:
+            if aside is not None and (aside / "set").is_dir() and not self.target.exists():
+                os.rename(aside / "set", self.target)     # interrupted between the two renames: the old set back
             self.discard()
             raise
 
