@@ -182,8 +182,8 @@ def verification_memory_workers(executor, jobs: int) -> int | None:
 
 def simulation_order(settings: Sequence[Settings], global_batch: int) -> list[int]:
     """Indices of `settings`, heaviest simulation first, ties in the given order. A simulation's CPU grows with
-    its schedule's actions (spread.plan_weight: pp x micro-batches x virtual stages): the GPT-3 175B / 1,024 A100
-    search's ten verified plans took 17 s (384 actions) to 50 s (2,304) each (docs/explore.md)."""
+    its schedule's size (spread.plan_weight: pp x micro-batches x virtual stages): the GPT-3 175B / 1,024 A100
+    search's ten verified plans took 17-24 s (size 384) to 42-51 s (2,304) each (docs/explore.md)."""
     return sorted(range(len(settings)), key=lambda i: (-plan_weight(settings[i], global_batch), i))
 
 

@@ -95,7 +95,8 @@ def drop_worker_caches() -> None:
 
 
 def plan_weight(settings: Settings, global_batch: int) -> float:
-    """About how long a plan's estimate (or simulation) takes: its schedule's actions (pp x micro-batches x virtual stages)."""
+    """About how long a plan's estimate (or its simulation) takes: its schedule's size (pp x micro-batches x
+    virtual stages)."""
     s = dict(settings)
     micro = s.get("parallel.dp", 1) * s.get("training.micro_batch_size", 1)
     return s.get("parallel.pp", 1) * max(1, global_batch // max(1, micro)) * s.get("parallel.virtual_stages", 1)
