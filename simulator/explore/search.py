@@ -17,7 +17,7 @@ from simulator.errors import MemsimError, ScenarioError, TopologyError
 from simulator.explore.assemble import Caches
 from simulator.explore.candidates import AXES, Axis, Context, Settings, enumerate_plans, overrides
 from simulator.explore.estimate import replayed_until_fit
-from simulator.explore.spread import drop_worker_caches, estimate_shares, replayed_shares, rule
+from simulator.explore.spread import drop_worker_caches, estimate_shares, plan_weight, replayed_shares, rule
 from simulator.scenario import Scenario
 from simulator.scenario.loader import read_scenario_document, scenario_from_dict
 
@@ -180,6 +180,13 @@ def verification_memory_workers(executor, jobs: int) -> int | None:
     return 0 if busy else None
 
 
+def simulation_order(settings: Sequence[Settings], global_batch: int) -> list[int]:
+    """Indices of `settings`, heaviest simulation first, ties in the given order. A simulation's CPU grows with
+    its schedule's size (spread.plan_weight: pp x micro-batches x virtual stages): the GPT-3 175B / 1,024 A100
+    search's ten verified plans took 17-24 s (size 384) to 42-51 s (2,304) each (docs/explore.md)."""
+    return sorted(range(len(settings)), key=lambda i: (-plan_weight(settings[i], global_batch), i))
+
+
 def _spread(executor) -> bool:
     """Whether the estimates and replays go to the executor's workers (more than one, not in this process)."""
     return not getattr(executor, "in_process", True) and getattr(executor, "workers", 1) > 1
@@ -286,9 +293,15 @@ def search_plans(scenario: Scenario | str | os.PathLike, *, gpus: int, topology:
     if verify and (ranked or unknown):
         top = ranked[:top_k] + unknown[:max(0, top_k - len(ranked))]
         workers = verification_memory_workers(runner, len(top))
-        jobs = [(document, source, fixed + c.overrides, workers) for c in top]
+        # Heaviest first, so that the last to finish are short (the pool hands each worker its next job as it
+        # frees up); the results are put back in rank order before the sort.
+        order = simulation_order([c.settings for c in top], base.training.global_batch_size)
+        outcomes = runner.map(simulate_candidate, [(document, source, fixed + top[i].overrides, workers)
+                                                   for i in order])
+        by_rank = dict(zip(order, outcomes))
         results = []
-        for candidate, (report, error) in zip(top, runner.map(simulate_candidate, jobs)):
+        for i, candidate in enumerate(top):
+            report, error = by_rank[i]
             results.append(Verified(candidate, report, error))
             if progress is not None:
                 progress("verify", len(results), len(top))

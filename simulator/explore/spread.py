@@ -94,8 +94,9 @@ def drop_worker_caches() -> None:
     _WORKER_CACHES.clear()
 
 
-def _weight(settings: Settings, global_batch: int) -> float:
-    """About how long a plan's estimate takes: its schedule's actions (pp x micro-batches x virtual stages)."""
+def plan_weight(settings: Settings, global_batch: int) -> float:
+    """About how long a plan's estimate (or its simulation) takes: its schedule's size (pp x micro-batches x
+    virtual stages)."""
     s = dict(settings)
     micro = s.get("parallel.dp", 1) * s.get("training.micro_batch_size", 1)
     return s.get("parallel.pp", 1) * max(1, global_batch // max(1, micro)) * s.get("parallel.virtual_stages", 1)
@@ -107,7 +108,7 @@ def shares(items: Sequence[tuple[int, Settings]], global_batch: int) -> list[lis
     groups: dict[tuple, list[tuple[int, Settings]]] = {}
     for index, settings in items:
         groups.setdefault(_ratio(settings), []).append((index, settings))
-    weighted = [(sum(_weight(st, global_batch) for _, st in group), key, group) for key, group in groups.items()]
+    weighted = [(sum(plan_weight(st, global_batch) for _, st in group), key, group) for key, group in groups.items()]
     return [group for _, _, group in sorted(weighted, key=lambda item: (-item[0], item[1]))]
 
 
