@@ -27,6 +27,7 @@ MEASURE = 8            # Mark("measure"): peaks reset
 STRETCH = 9            # not a call: the next calls are a replayed stretch's (engine/stretches.py), see below
 TRANSFER_ALLOC = 10    # an offload Transfer's device allocs (at its start)
 TRANSFER_FREE = 11     # an offload Transfer's device frees (at its end)
+SENT_FREE = 12         # a Free right after a Send (or such a Free) on another stream than compute: placed by time
 STREAM_SHIFT = 4
 INDEX_SHIFT = 12
 MAX_STREAMS = 1 << (INDEX_SHIFT - STREAM_SHIFT)    # streams per program
@@ -55,11 +56,52 @@ class MemoryLog:
         self.words.append(word)
         self.times.append(time_s)
 
-    def take(self) -> tuple[array, array]:
-        """The calls logged so far, leaving the log empty (in place: the executor holds the columns' appends)."""
-        words, times = self.words[:], self.times[:]
-        del self.words[:], self.times[:]
+    def take(self, cut: int | None = None) -> tuple[array, array]:
+        """The calls logged so far (the first `cut`), leaving the rest (in place: the executor holds the columns'
+        appends)."""
+        if cut is None:
+            cut = len(self.words)
+        words, times = self.words[:cut], self.times[:cut]
+        del self.words[:cut], self.times[:cut]
         return words, times
+
+    def add_sent_free(self, word: int, time_s: float) -> None:
+        """Log a SENT_FREE call at `time_s` (env.now) where the order by time puts it: after every call before
+        `time_s`, before every other call at `time_s` or later (a compute stream that ran ahead logged those
+        already), after the SENT_FREE calls at `time_s` of streams numbered up to its own. The executor's
+        other calls are logged in the order of their times, so this place depends only on the calls and times,
+        not on when the Send's end was known (docs/engine.md, "Running past a pending Send")."""
+        words, times = self.words, self.times
+        i = len(times)
+        stream = (word >> STREAM_SHIFT) & 255
+        while i and times[i - 1] >= time_s:
+            before = words[i - 1]
+            code = before & 15
+            if code == SENT_FREE and times[i - 1] == time_s and (before >> STREAM_SHIFT) & 255 <= stream:
+                break
+            if code == STRETCH:
+                # A replayed stretch is logged only while no SENT_FREE can come (RankState.deferring).
+                raise RuntimeError(f"memory log: a Free after a Send at {time_s!r} s falls inside a replayed "
+                                   f"stretch")
+            i -= 1
+        if i == len(times):
+            words.append(word)
+            times.append(time_s)
+        else:
+            words.insert(i, word)
+            times.insert(i, time_s)
+
+    def settled(self, now_s: float) -> int:
+        """How many calls from the start no later SENT_FREE can come before (it comes at `now_s` or later): up
+        to the last period boundary before `now_s` (a chunk for the memory worker ends at a boundary)."""
+        count = len(self.words)
+        if not count:
+            return 0
+        import numpy as np     # here, not at import: a large run's engine starts sooner
+        words = np.frombuffer(self.words, dtype=np.int64, count=count)
+        times = np.frombuffer(self.times, dtype=np.float64, count=count)
+        found = np.flatnonzero(((words & 15) == BOUNDARY) & (times < now_s))
+        return int(found[-1]) + 1 if len(found) else 0
 
 
 def stretch_word(record: int, calls: int) -> int:
@@ -125,7 +167,7 @@ def apply(memory, program: Program, words, times) -> None:
                 memory.collective_free(collective, time_s)
         elif code == ALLOC:
             memory.allocate(instruction.tensors, names[stream_id], time_s, instruction.reason)
-        elif code == FREE:
+        elif code == FREE or code == SENT_FREE:
             memory.free(instruction.tensors, time_s, instruction.reason)
         elif code == RECV_ALLOC:
             memory.allocate(instruction.allocs, names[stream_id], time_s, instruction.name)
