@@ -395,8 +395,7 @@ def _run_stretch(state: RankState, world: _World, instructions, index: int, now_
     stretches = state.stretches
     watched = None
     if stretches is not None:
-        # Not while a Send's Free may come inside it (RankState.deferring): its calls would be one STRETCH block.
-        done = None if state.deferring else stretches.replay(state, world.network_model, instructions, index, now_s)
+        done = stretches.replay(state, world.network_model, instructions, index, now_s)
         if done is not None:
             return done
         watched = stretches.watch(state, world.network_model, instructions, index, now_s)

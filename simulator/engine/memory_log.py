@@ -43,11 +43,14 @@ def where(stream_id: int, index: int) -> int:
 class MemoryLog:
     """One rank's memory calls not made yet: parallel columns of words and times."""
 
-    __slots__ = ("words", "times")
+    __slots__ = ("words", "times", "blocks")
 
     def __init__(self) -> None:
         self.words = array("q")
         self.times = array("d")
+        # [position, calls] of the STRETCH words logged by replayed stretches (in order) where a SENT_FREE may
+        # still come inside (a rank with Sends; MemoryLog.add_sent_free)
+        self.blocks: list[list[int]] = []
 
     def __len__(self) -> int:
         return len(self.words)
@@ -63,6 +66,9 @@ class MemoryLog:
             cut = len(self.words)
         words, times = self.words[:cut], self.times[:cut]
         del self.words[:cut], self.times[:cut]
+        blocks = self.blocks
+        if blocks:
+            self.blocks = [[at - cut, calls] for at, calls in blocks if at >= cut]
         return words, times
 
     def add_sent_free(self, word: int, time_s: float) -> None:
@@ -70,20 +76,41 @@ class MemoryLog:
         `time_s`, before every other call at `time_s` or later (a compute stream that ran ahead logged those
         already), after the SENT_FREE calls at `time_s` of streams numbered up to its own. The executor's
         other calls are logged in the order of their times, so this place depends only on the calls and times,
-        not on when the Send's end was known (docs/engine.md, "Running past a pending Send")."""
+        not on when the Send's end was known (docs/engine.md, "Running past a pending Send"). Inside a replayed
+        stretch's calls, their STRETCH word goes: they are made one by one (what its replay gives)."""
         words, times = self.words, self.times
         i = len(times)
         stream = (word >> STREAM_SHIFT) & 255
-        while i and times[i - 1] >= time_s:
+        while i:
             before = words[i - 1]
             code = before & 15
-            if code == SENT_FREE and times[i - 1] == time_s and (before >> STREAM_SHIFT) & 255 <= stream:
+            if code == STRETCH:               # its time is a shift; its calls after it were all passed
+                i -= 1
+                continue
+            if times[i - 1] < time_s or code == SENT_FREE and times[i - 1] == time_s \
+                    and (before >> STREAM_SHIFT) & 255 <= stream:
                 break
-            if code == STRETCH:
-                # A replayed stretch is logged only while no SENT_FREE can come (RankState.deferring).
-                raise RuntimeError(f"memory log: a Free after a Send at {time_s!r} s falls inside a replayed "
-                                   f"stretch")
             i -= 1
+        blocks = self.blocks
+        if blocks:
+            # Blocks ended before time_s are passed for good (later SENT_FREEs come at env.now or later).
+            passed = 0
+            while passed < len(blocks) and times[blocks[passed][0] + blocks[passed][1]] < time_s:
+                passed += 1
+            if passed:
+                del blocks[:passed]
+            after = len(blocks)
+            while after and blocks[after - 1][0] >= i:
+                after -= 1
+            if after and blocks[after - 1][0] + blocks[after - 1][1] >= i:
+                at = blocks.pop(after - 1)[0]          # i falls among its calls: they are made one by one
+                del words[at], times[at]
+                i -= 1
+                after -= 1
+                for block in blocks[after:]:
+                    block[0] -= 1
+            for block in blocks[after:]:
+                block[0] += 1
         if i == len(times):
             words.append(word)
             times.append(time_s)

@@ -159,7 +159,7 @@ class RankState:
         # (stream, its `blocked` entry) that made quiet() False last: it stays False while that entry stands
         self._loud: tuple | None = None
         # EngineOptions.send_lookahead: quiet() may pass a stream whose Send's Free is still to come (it is logged
-        # at its time later: MemoryLog.add_sent_free); `deferring` says the last full quiet() test did.
+        # at its time later: MemoryLog.add_sent_free); `deferring`: the last full quiet() test did (counted).
         self.send_lookahead = options.send_lookahead
         self.deferring = False
         self.deferred_quiet = 0                      # quiet() True with deferring (tests, benchmarks)
