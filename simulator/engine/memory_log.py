@@ -49,7 +49,7 @@ class MemoryLog:
         self.words = array("q")
         self.times = array("d")
         # [position, calls] of the STRETCH words logged by replayed stretches (in order) where a SENT_FREE may
-        # still come inside (a rank with Sends; MemoryLog.add_sent_free)
+        # still come inside (MemoryLog.add_sent_free)
         self.blocks: list[list[int]] = []
 
     def __len__(self) -> int:
@@ -70,6 +70,18 @@ class MemoryLog:
         if blocks:
             self.blocks = [[at - cut, calls] for at, calls in blocks if at >= cut]
         return words, times
+
+    def note_blocks(self, headers: tuple, now_s: float) -> None:
+        """Note the STRETCH words about to be appended at offsets `headers` ((offset, calls), a stretch record's),
+        forgetting the blocks that ended before `now_s` (a later SENT_FREE comes at env.now or later)."""
+        blocks, at = self.blocks, len(self.words)
+        if len(blocks) > 64:
+            times = self.times
+            passed = 0
+            while passed < len(blocks) and times[blocks[passed][0] + blocks[passed][1]] < now_s:
+                passed += 1
+            del blocks[:passed]
+        blocks += [[at + offset, calls] for offset, calls in headers]
 
     def add_sent_free(self, word: int, time_s: float) -> None:
         """Log a SENT_FREE call at `time_s` (env.now) where the order by time puts it: after every call before

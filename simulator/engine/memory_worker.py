@@ -185,7 +185,7 @@ class MemoryWorkers:
             if len(log) >= CHUNK_CALLS:
                 # A Send's Free still to come is logged at env.now or later, before the calls of that time on
                 # (MemoryLog.add_sent_free): only the calls before it are final.
-                self.send(i, log.settled(state.env.now) if state.sends else None)
+                self.send(i, log.settled(state.env.now))
         return flush
 
     def send(self, i: int, cut: int | None = None) -> None:

@@ -75,7 +75,6 @@ class RankState:
             raise PlanError(f"rank {program.rank}: {len(stream_ids)} streams; at most {MAX_STREAMS} are allowed")
         self.program = program
         self.stream_ids = stream_ids
-        self.sends = False                           # a stream other than compute has a Send (memory_worker)
         self.record_spans = options.record_spans
         self.inline_collectives = options.inline_collectives     # Blocking instructions too (executor)
         self.started: set[str] = set()               # streams whose process has begun
@@ -125,8 +124,6 @@ class RankState:
             wait_at[name] = dict(zip(wait_events, compress(positions, is_wait)))
             wait_stream.update(zip(wait_events, repeat(name)))
             periods += kinds.count(Period)
-            if name != COMPUTE_STREAM and not self.sends and Send in kinds:
-                self.sends = True
             is_signal = list(map(is_, kinds, repeat(Signal)))
             signal_events = list(map(_event_of, compress(picked, is_signal)))
             if name == COMPUTE_STREAM:

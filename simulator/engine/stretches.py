@@ -259,9 +259,7 @@ class Stretches:
             log = state.log
             bases = np.array([index << 12 if name == COMPUTE_STREAM else starts[name] << 12 if name else 0
                               for name in names], dtype=np.int64)
-            if state.sends:                   # a Send's Free may come inside: MemoryLog.add_sent_free
-                at = len(log.words)
-                log.blocks += [[at + offset, calls] for offset, calls in record.headers]
+            log.note_blocks(record.headers, state.env.now)     # a Send's Free may come among their calls
             log.words.frombytes((words + bases[selector]).tobytes())    # (memory_log.apply reads STRETCH words)
             log.times.frombytes(points[samples].tobytes())
         if state.record_spans:
