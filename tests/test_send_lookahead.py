@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import simulator.api as api
-from simulator.engine import memory_log, memory_worker
+from simulator.engine import memory_worker
 from simulator.engine.allocator import ExactAllocator
 from simulator.engine.executor import EngineOptions, simulate_programs
-from simulator.engine.memory_log import BOUNDARY, FREE, RUN_ALLOC, SENT_FREE, STRETCH, MemoryLog, stretch_word, where
+from simulator.engine.memory_log import BOUNDARY, RUN_ALLOC, SENT_FREE, STRETCH, MemoryLog, stretch_word, where
 from simulator.engine.rank_state import RankState
 from simulator.network import load_topology
 from simulator.parallel.program import Free, Program, Recv, Run, Send, Signal, WaitFor
@@ -44,9 +44,12 @@ def test_a_sent_free_goes_after_earlier_calls_and_before_the_rest():
 
 def test_a_sent_free_among_a_replayed_stretch_drops_its_stretch_word():
     calls = [where(0, i) | RUN_ALLOC for i in range(3)]
-    log = _log([(where(0, 9) | BOUNDARY, 0.5), (stretch_word(0, 3), 7.0)] + list(zip(calls, [1.0, 2.0, 3.0]))
-               + [(stretch_word(1, 1), 7.0), (calls[0], 4.0)])
-    log.blocks = [[1, 3], [5, 1]]
+    log = _log([(where(0, 9) | BOUNDARY, 0.5)])
+    log.note_blocks(((0, 3), (4, 1)), 0.5)                  # one replay's two STRETCH words (Stretches._apply)
+    for word, time_s in [(stretch_word(0, 3), 7.0)] + list(zip(calls, [1.0, 2.0, 3.0])) \
+            + [(stretch_word(1, 1), 7.0), (calls[0], 4.0)]:
+        log.add(word, time_s)
+    assert log.blocks == [[1, 3], [5, 1]]
     log.add_sent_free(where(1, 4) | SENT_FREE, 1.5)
     assert [w & 15 for w in log.words] == [BOUNDARY, RUN_ALLOC, SENT_FREE, RUN_ALLOC, RUN_ALLOC, STRETCH,
                                            RUN_ALLOC]
