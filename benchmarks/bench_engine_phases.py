@@ -13,7 +13,10 @@ calls made here (`memory_workers=0`, no timelines or allocator events, as `memsi
 of the streams' processes (executor._stream_process steps) and the stretches replayed, under cProfile.
 `--functions` also times the set-up's inline planning and the parts of stretch replay (`FUNCTIONS`, CPU seconds
 inside each, nested ones included in their callers'). `--no-quiet` turns EngineOptions.quiet_collectives off; the row
-gives the network model's operation counters (isolated, quiet, materialized, shadow).
+gives the network model's operation counters (isolated, quiet, materialized, shadow). `--counts` also counts
+`RankState.quiet`'s answers (true, true by passing a pending Send's Free, false, false at a pending Send with a Free
+after it), simpy steps (events processed) and stretch replays in the timed run (the wrappers cost a little CPU);
+`--no-send-lookahead` turns EngineOptions.send_lookahead off.
 """
 
 from __future__ import annotations
@@ -54,6 +57,41 @@ def _functions():
             (stretches.Stretches, "_apply"), (stretches.Stretches, "replay")]
 
 
+def _counting() -> dict:
+    """Wrap RankState.quiet, the environment's step and Stretches.replay to count into the dict returned."""
+    from simulator.engine import stretches
+    from simulator.parallel.program import Free, Send
+    counts = {"quiet_true": 0, "quiet_true_past_send": 0, "quiet_false": 0, "quiet_false_at_send_free": 0,
+              "simpy_steps": 0, "stretch_replays": 0}
+    quiet, replay, step = rank_state.RankState.quiet, stretches.Stretches.replay, executor._Environment.step
+
+    def counted_quiet(self):
+        answer = quiet(self)
+        if answer:
+            counts["quiet_true"] += 1
+            counts["quiet_true_past_send"] += self.deferring
+        else:
+            counts["quiet_false"] += 1
+            name, (index, instruction, _) = self._loud or ("", (0, None, None))
+            after = self.program.streams[name][index + 1:index + 2] if name else ()
+            counts["quiet_false_at_send_free"] += type(instruction) is Send and bool(after) and type(after[0]) is Free
+        return answer
+
+    def counted_replay(self, *args):
+        done = replay(self, *args)
+        counts["stretch_replays"] += done is not None
+        return done
+
+    def counted_step(self):
+        counts["simpy_steps"] += 1
+        return step(self)
+
+    rank_state.RankState.quiet = counted_quiet
+    stretches.Stretches.replay = counted_replay
+    executor._Environment.step = counted_step
+    return counts
+
+
 def _timed(owner, name: str, spent: dict, key: str) -> None:
     real = getattr(owner, name)
 
@@ -74,6 +112,8 @@ def main() -> None:
     parser.add_argument("--resumes", action="store_true")
     parser.add_argument("--functions", action="store_true")
     parser.add_argument("--no-quiet", action="store_true", help="EngineOptions(quiet_collectives=False)")
+    parser.add_argument("--counts", action="store_true")
+    parser.add_argument("--no-send-lookahead", action="store_true", help="EngineOptions(send_lookahead=False)")
     args = parser.parse_args()
     gc.disable()                     # as api.simulate_multi
     start = time.process_time()
@@ -88,7 +128,9 @@ def main() -> None:
         for owner, name in _functions():
             functions[name] = 0.0
             _timed(owner, name, functions, name)
-    options = executor.EngineOptions(record_timeline=False, memory_workers=0, quiet_collectives=not args.no_quiet)
+    options = executor.EngineOptions(record_timeline=False, memory_workers=0, quiet_collectives=not args.no_quiet,
+                                     send_lookahead=not args.no_send_lookahead)
+    counts = _counting() if args.counts else {}
 
     def run():
         allocators = [api._allocator(scenario, cluster, False) for _ in programs]
@@ -110,6 +152,7 @@ def main() -> None:
            **{f"{key}_s": round(value, 2) for key, value in spent.items()},
            "engine_s": round(total - sum(spent.values()), 2), "quiet": not args.no_quiet,
            **{f"{name}_s": round(value, 2) for name, value in functions.items()}}
+    row.update(counts)
     if models:
         row.update({name: getattr(models[0], name) for name in ("isolated_operations", "quiet_operations",
                                                                "materialized_operations", "shadow_operations")})

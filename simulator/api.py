@@ -320,8 +320,8 @@ def multi_recipe(scenario: Scenario, device: DeviceSpec, topology=None) -> Recip
 def _engine_options(timelines: bool, memory_workers: int | None, shortcuts: bool = True) -> EngineOptions:
     """The engine's options for `simulate(..., timelines, memory_workers, shortcuts)`."""
     options = EngineOptions() if shortcuts else EngineOptions(run_ahead=False, rank_lookahead=False,
-                                                               inline_collectives=False, repeats=False,
-                                                               stretches=False)
+                                                               send_lookahead=False, inline_collectives=False,
+                                                               repeats=False, stretches=False)
     if memory_workers is not None:
         if isinstance(memory_workers, bool) or not isinstance(memory_workers, int) \
                 or not 0 <= memory_workers <= MAX_CHOSEN_WORKERS:

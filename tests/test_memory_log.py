@@ -128,8 +128,8 @@ def test_a_worker_behind_queues_its_calls_in_the_engine(monkeypatch):
     queued = []
     send = memory_worker.MemoryWorkers.send
 
-    def checked_send(self, i):
-        send(self, i)
+    def checked_send(self, i, cut=None):
+        send(self, i, cut)
         kept = {id(column) for chunks in self.sent for chunk in chunks for column in chunk}
         queued.append(max((len(w.pending) for w in self.workers), default=0))
         for worker in self.workers:

@@ -15,7 +15,7 @@ from simulator.engine import memory_worker
 from simulator.engine.allocator import Allocator
 from simulator.engine.logs import PHASE_CODES, IntervalLog
 from simulator.engine.memory_log import (ALLOC, BOUNDARY, COLL_ALLOC, FREE, MEASURE, RECV_ALLOC,
-                                         RUN_FREE, TRANSFER_ALLOC, TRANSFER_FREE, apply, where)
+                                         RUN_FREE, SENT_FREE, TRANSFER_ALLOC, TRANSFER_FREE, apply, where)
 from simulator.engine.options import EngineOptions  # noqa: F401  (callers import it from here too)
 from simulator.engine.results import BlockedInstruction, EngineDeadlock, EngineTrace, collect
 from simulator.engine.inline import FOREVER as _FOREVER
@@ -26,7 +26,7 @@ from simulator.engine.inline import inline_blocking as _inline_blocking
 from simulator.engine.inline import overlap as _overlap
 from simulator.engine.inline import record_comm as _record_comm
 from simulator.engine.inline import record_inline as _record_inline
-from simulator.engine.rank_state import COMPUTE_STREAM, RankState
+from simulator.engine.rank_state import COMPUTE_STREAM, RankState, follows_send
 from simulator.engine.stretches import Stretches
 from simulator.errors import PlanError, TopologyError
 from simulator.parallel.program import (Alloc, Blocking, Collective, Free, HostAlloc, HostFree, Mark, Period,
@@ -244,7 +244,11 @@ def _stream_process(env: _Environment, state: RankState, stream: str, instructio
         elif kind is Alloc:
             log.add(stream_word | (index - 1) << 12 | ALLOC, now)
         elif kind is Free:
-            log.add(stream_word | (index - 1) << 12 | FREE, now)
+            if stream != COMPUTE_STREAM and follows_send(instructions, index - 1):
+                # placed by its time: a compute stream running ahead (RankState.quiet) may have logged later calls
+                log.add_sent_free(stream_word | (index - 1) << 12 | SENT_FREE, now)
+            else:
+                log.add(stream_word | (index - 1) << 12 | FREE, now)
         elif kind is Signal or kind is Blocking:
             # A blocking collective runs inline: a Blocking one, or the Collective after a Signal with a plan.
             if kind is Blocking:

@@ -27,6 +27,7 @@ MEASURE = 8            # Mark("measure"): peaks reset
 STRETCH = 9            # not a call: the next calls are a replayed stretch's (engine/stretches.py), see below
 TRANSFER_ALLOC = 10    # an offload Transfer's device allocs (at its start)
 TRANSFER_FREE = 11     # an offload Transfer's device frees (at its end)
+SENT_FREE = 12         # a Free right after a Send (or such a Free) on another stream than compute: placed by time
 STREAM_SHIFT = 4
 INDEX_SHIFT = 12
 MAX_STREAMS = 1 << (INDEX_SHIFT - STREAM_SHIFT)    # streams per program
@@ -42,11 +43,14 @@ def where(stream_id: int, index: int) -> int:
 class MemoryLog:
     """One rank's memory calls not made yet: parallel columns of words and times."""
 
-    __slots__ = ("words", "times")
+    __slots__ = ("words", "times", "blocks")
 
     def __init__(self) -> None:
         self.words = array("q")
         self.times = array("d")
+        # [position, calls] of the STRETCH words logged by replayed stretches (in order) where a SENT_FREE may
+        # still come inside (MemoryLog.add_sent_free)
+        self.blocks: list[list[int]] = []
 
     def __len__(self) -> int:
         return len(self.words)
@@ -55,11 +59,88 @@ class MemoryLog:
         self.words.append(word)
         self.times.append(time_s)
 
-    def take(self) -> tuple[array, array]:
-        """The calls logged so far, leaving the log empty (in place: the executor holds the columns' appends)."""
-        words, times = self.words[:], self.times[:]
-        del self.words[:], self.times[:]
+    def take(self, cut: int | None = None) -> tuple[array, array]:
+        """The calls logged so far (the first `cut`), leaving the rest (in place: the executor holds the columns'
+        appends)."""
+        if cut is None:
+            cut = len(self.words)
+        words, times = self.words[:cut], self.times[:cut]
+        del self.words[:cut], self.times[:cut]
+        blocks = self.blocks
+        if blocks:
+            self.blocks = [[at - cut, calls] for at, calls in blocks if at >= cut]
         return words, times
+
+    def note_blocks(self, headers: tuple, now_s: float) -> None:
+        """Note the STRETCH words about to be appended at offsets `headers` ((offset, calls), a stretch record's),
+        forgetting the blocks that ended before `now_s` (a later SENT_FREE comes at env.now or later)."""
+        blocks, at = self.blocks, len(self.words)
+        if len(blocks) > 64:
+            times = self.times
+            passed = 0
+            while passed < len(blocks) and times[blocks[passed][0] + blocks[passed][1]] < now_s:
+                passed += 1
+            del blocks[:passed]
+        blocks += [[at + offset, calls] for offset, calls in headers]
+
+    def add_sent_free(self, word: int, time_s: float) -> None:
+        """Log a SENT_FREE call at `time_s` (env.now) where the order by time puts it: after every call before
+        `time_s`, before every other call at `time_s` or later (a compute stream that ran ahead logged those
+        already), after the SENT_FREE calls at `time_s` of streams numbered up to its own. The executor's
+        other calls are logged in the order of their times, so this place depends only on the calls and times,
+        not on when the Send's end was known (docs/engine.md, "Running past a pending Send"). Inside a replayed
+        stretch's calls, their STRETCH word goes: they are made one by one (what its replay gives)."""
+        words, times = self.words, self.times
+        i = len(times)
+        stream = (word >> STREAM_SHIFT) & 255
+        while i:
+            before = words[i - 1]
+            code = before & 15
+            if code == STRETCH:               # its time is a shift; its calls after it were all passed
+                i -= 1
+                continue
+            if times[i - 1] < time_s or code == SENT_FREE and times[i - 1] == time_s \
+                    and (before >> STREAM_SHIFT) & 255 <= stream:
+                break
+            i -= 1
+        blocks = self.blocks
+        if blocks:
+            # Blocks ended before time_s are passed for good (later SENT_FREEs come at env.now or later).
+            passed = 0
+            while passed < len(blocks) and times[blocks[passed][0] + blocks[passed][1]] < time_s:
+                passed += 1
+            if passed:
+                del blocks[:passed]
+            after = len(blocks)
+            while after and blocks[after - 1][0] >= i:
+                after -= 1
+            if after and blocks[after - 1][0] + blocks[after - 1][1] >= i:
+                at = blocks.pop(after - 1)[0]          # i falls among its calls: they are made one by one
+                del words[at], times[at]
+                i -= 1
+                after -= 1
+                for block in blocks[after:]:
+                    block[0] -= 1
+            for block in blocks[after:]:
+                block[0] += 1
+        if i == len(times):
+            words.append(word)
+            times.append(time_s)
+        else:
+            words.insert(i, word)
+            times.insert(i, time_s)
+
+    def settled(self, now_s: float) -> int:
+        """How many calls from the start no later SENT_FREE can come before (it comes at `now_s` or later): up
+        to the last period boundary before `now_s` (a chunk for the memory worker ends at a boundary)."""
+        count = len(self.words)
+        if not count:
+            return 0
+        import numpy as np     # here, not at import: a large run's engine starts sooner
+        words = np.frombuffer(self.words, dtype=np.int64, count=count)
+        times = np.frombuffer(self.times, dtype=np.float64, count=count)
+        found = np.flatnonzero(((words & 15) == BOUNDARY) & (times < now_s))
+        return int(found[-1]) + 1 if len(found) else 0
 
 
 def stretch_word(record: int, calls: int) -> int:
@@ -125,7 +206,7 @@ def apply(memory, program: Program, words, times) -> None:
                 memory.collective_free(collective, time_s)
         elif code == ALLOC:
             memory.allocate(instruction.tensors, names[stream_id], time_s, instruction.reason)
-        elif code == FREE:
+        elif code == FREE or code == SENT_FREE:
             memory.free(instruction.tensors, time_s, instruction.reason)
         elif code == RECV_ALLOC:
             memory.allocate(instruction.allocs, names[stream_id], time_s, instruction.name)

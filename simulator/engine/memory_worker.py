@@ -181,13 +181,17 @@ class MemoryWorkers:
         state = self.states[i]
 
         def flush() -> None:
-            if len(state.log) >= CHUNK_CALLS:
-                self.send(i)
+            log = state.log
+            if len(log) >= CHUNK_CALLS:
+                # A Send's Free still to come is logged at env.now or later, before the calls of that time on
+                # (MemoryLog.add_sent_free): only the calls before it are final.
+                self.send(i, log.settled(state.env.now))
         return flush
 
-    def send(self, i: int) -> None:
-        """Send rank i's logged calls to its worker (the engine keeps them in case the worker dies)."""
-        words, times = self.states[i].log.take()
+    def send(self, i: int, cut: int | None = None) -> None:
+        """Send rank i's logged calls (the first `cut`) to its worker (the engine keeps them in case the worker
+        dies)."""
+        words, times = self.states[i].log.take(cut)
         if words:
             self.sent[i].append((words, times))
             self.owner[i].write(_HEADER.pack(i, len(words)), words, times)

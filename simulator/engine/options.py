@@ -17,6 +17,7 @@ class EngineOptions:
                                     # (exact to rounding, like isolated_collectives: network_model.py)
     run_ahead: bool = True          # run compute ops nothing can interleave with without yielding (exact)
     rank_lookahead: bool = True     # ... also past other ranks' events while this rank's other streams are quiet
+    send_lookahead: bool = True     # ... also while a stream is in a Send whose Free follows (logged by time later)
     inline_collectives: bool = True  # the compute stream runs a link-isolated collective it waits for (exact)
     inline_overlapped: bool = True   # ... also one another stream runs beside a few compute runs (with
                                      # inline_collectives; exact: executor._overlap)

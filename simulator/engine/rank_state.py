@@ -15,7 +15,7 @@ from simulator.engine.logs import IntervalLog, SpanLog
 from simulator.engine.memory import RankMemory
 from simulator.engine.memory_log import MAX_STREAMS, MemoryLog
 from simulator.errors import PlanError
-from simulator.parallel.program import Collective, Period, Program, Recv, Run, Send, Signal, Transfer, WaitFor
+from simulator.parallel.program import Collective, Free, Period, Program, Recv, Run, Send, Signal, Transfer, WaitFor
 from simulator.trace.records import RankTrace
 
 if TYPE_CHECKING:
@@ -48,6 +48,14 @@ def _outside(instructions: tuple, copies: tuple, blocks: tuple = ()) -> tuple[Se
     if len(positions) < 2:
         return positions, [instructions[i] for i in positions]
     return positions, itemgetter(*positions)(instructions)
+
+
+def follows_send(instructions, index: int) -> bool:
+    """Whether the Free at `index` follows a Send, maybe after other Frees (memory_log.SENT_FREE)."""
+    index -= 1
+    while index >= 0 and type(instructions[index]) is Free:
+        index -= 1
+    return index >= 0 and type(instructions[index]) is Send
 
 
 def _same_shape(shape: list | None, first: list) -> bool:
@@ -147,6 +155,11 @@ class RankState:
         self.cursor: dict[str, int] = {}             # such a stream -> index of its next instruction to run
         # (stream, its `blocked` entry) that made quiet() False last: it stays False while that entry stands
         self._loud: tuple | None = None
+        # EngineOptions.send_lookahead: quiet() may pass a stream whose Send's Free is still to come (it is logged
+        # at its time later: MemoryLog.add_sent_free); `deferring`: the last full quiet() test did (counted).
+        self.send_lookahead = options.send_lookahead
+        self.deferring = False
+        self.deferred_quiet = 0                      # quiet() True with deferring (tests, benchmarks)
         self.moved_plans = 0                         # compute Signals planned from their key's first copy (tests)
         # Starts of the compute stream's template parts whose Signals' plans are all their key's first part's
         # moved (_plan_blocks): two such parts of one key have the same plans but for their sibling part's start.
@@ -376,6 +389,7 @@ class RankState:
         loud = self._loud
         if loud is not None and self.blocked.get(loud[0]) is loud[1] and loud[0] not in self.parked:
             return False
+        self.deferring = False
         for name in self.program.streams:
             if name == COMPUTE_STREAM or name in self.done or name in self.parked:
                 continue
@@ -392,12 +406,14 @@ class RankState:
             if not self._effect_free(name, index + 1):
                 self._loud = (name, where)
                 return False
+        if self.deferring:
+            self.deferred_quiet += 1
         return True
 
     def _effect_free(self, name: str, start: int) -> bool:
         """The instructions of stream `name` from `start` up to its next blocking wait touch nothing rank-local."""
         instructions = self.program.streams[name]
-        for instruction in instructions[start:start + 8]:
+        for position, instruction in enumerate(instructions[start:start + 8], start):
             kind = type(instruction)
             if kind is WaitFor:
                 event = self.events.get(instruction.event)
@@ -410,6 +426,8 @@ class RankState:
             elif kind is Send or (kind is Recv and not instruction.allocs) \
                     or (kind is Collective and not instruction.allocs and not instruction.frees):
                 continue
+            elif kind is Free and self.send_lookahead and follows_send(instructions, position):
+                self.deferring = True             # logged at its time whenever it comes (executor)
             else:
                 return False
         return len(instructions) - start <= 8

@@ -80,6 +80,7 @@ class StretchRecord:
     final: int = field(init=False)             # the point of the clock at the end
     logged: tuple = field(init=False)          # (words, bases, sample picker) as the memory log gets them: each
                                                # piece after its STRETCH word (base "", time the shift: point -1)
+    headers: tuple = field(init=False)         # (offset in `logged`, calls) of each STRETCH word (MemoryLog.blocks)
     columns: tuple = field(init=False)         # numpy arrays to apply it: (logged words, their bases' numbers,
                                                # bases' streams, sample points, span start and end points)
     points_pack: object = field(init=False)    # packs its points and the shift (point -1) as doubles
@@ -116,12 +117,14 @@ class StretchRecord:
         self.points_pack = packer(points + 1)
         words, bases, steps = [], [], []
         piece = 0
+        headers = []                             # (offset, calls) of its STRETCH words (MemoryLog.blocks)
         for first, calls in self.pieces:
             if calls < 0:                        # an Alloc or Free: made one by one
                 words.append(self.memory_words[first])
                 bases.append(self.memory_bases[first])
                 steps.append(self.sample_steps[first])
                 continue
+            headers.append((len(words), calls))
             words.append(stretch_word(self.number + piece, calls))
             piece += 1
             bases.append("")
@@ -130,6 +133,7 @@ class StretchRecord:
             bases += self.memory_bases[first:first + calls]
             steps += self.sample_steps[first:first + calls]
         self.logged = (tuple(words), tuple(bases), picker(steps))
+        self.headers = tuple(headers)
         import numpy as np      # (here: a run without a stretch record does not need it in the engine)
         names = list(dict.fromkeys(bases))
         self.columns = (np.array(words, dtype=np.int64), np.array([names.index(b) for b in bases], dtype=np.intp),

@@ -259,6 +259,7 @@ class Stretches:
             log = state.log
             bases = np.array([index << 12 if name == COMPUTE_STREAM else starts[name] << 12 if name else 0
                               for name in names], dtype=np.int64)
+            log.note_blocks(record.headers, state.env.now)     # a Send's Free may come among their calls
             log.words.frombytes((words + bases[selector]).tobytes())    # (memory_log.apply reads STRETCH words)
             log.times.frombytes(points[samples].tobytes())
         if state.record_spans:
