@@ -197,3 +197,24 @@ def test_column_sums_add_left_to_right_from_zero_as_the_report_does():
         expected = float(sum(weights[s] * row[s] for s in range(9)))
         assert np.array_equal(np.float64(expected), value, equal_nan=True)
         assert np.signbit(expected) == np.signbit(value)
+
+
+def test_chunk_models_with_the_split_read_once_per_schedule_are_the_per_plan_ones():
+    from simulator.explore.assemble import chunk_models
+    from simulator.explore.columnar.table import _chunk_models
+    from simulator.explore.prepare import prepare
+
+    splits: dict = {}
+    seen = set()
+    for scenario in estimate_table_scenarios("megatron", CANDIDATES["megatron"]):
+        if isinstance(scenario, MemsimError) or scenario.parallel.pp == 1:
+            continue
+        try:
+            prepared = prepare(scenario, CACHES.schedules, CACHES.clusters)
+        except MemsimError:
+            continue
+        assert _chunk_models(CACHES, prepared, splits) == chunk_models(CACHES, prepared)
+        seen.add(prepared.schedule.split_backward)
+        assert splits[id(prepared.schedule)].schedule is prepared.schedule
+    assert seen == {True, False}                # zero-bubble (split) and whole backwards both met
+    assert len(splits) < sum(1 for _ in CANDIDATES["megatron"])      # shared by the plans of one schedule

@@ -12,6 +12,7 @@ Peak reserved is not computed here: it is the allocator replay per plan (reserve
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from simulator.errors import MemsimError
-from simulator.explore.assemble import Caches, PlanNumbers, _chunk, numbers
+from simulator.explore.assemble import Caches, PlanNumbers, chunk_models, numbers
 from simulator.explore.candidates import Settings, overrides
 from simulator.explore.columnar.fields import group_fields
 from simulator.explore.columnar.merged import evaluate_many
@@ -185,24 +186,27 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
 
 
 def _chunk_models(caches: Caches, prepared: Prepared, splits: dict) -> dict:
-    """assemble.chunk_models(caches, prepared) (a copy of its loop, which reads the schedule's split_backward
-    once per plan: a walk of every action, 1 ms on a LLaMA-13B schedule), with split_backward remembered per
-    schedule object in `splits` (id -> (schedule, split); the schedule held, so its id is not reused). Built-in
-    schedules are shared by every plan of their (name, p, m, v) (Caches.schedules)."""
+    """assemble.chunk_models(caches, prepared), the schedule's split_backward (a walk of every action, about 1 ms
+    on a LLaMA-13B schedule, that chunk_models takes once per plan) read once per schedule object: `splits` maps
+    id(schedule) to a _KnownSplit holding it (so its id is not reused). Built-in schedules are shared by every plan
+    of their (name, p, m, v) (Caches.schedules)."""
     schedule = prepared.schedule
     known = splits.get(id(schedule))
-    if known is None or known[0] is not schedule:
-        known = splits[id(schedule)] = (schedule, schedule.split_backward)
-    split = known[1]
-    alike: dict[tuple, tuple] = {}
-    out = {}
-    for span in prepared.plan.stages:
-        key = (span.has_embedding, span.has_head, span.stop - span.start)
-        found = alike.get(key)
-        if found is None:
-            found = alike[key] = _chunk(caches, prepared, span, split)
-        out[(span.stage, span.chunk)] = found
-    return out
+    if known is None or known.schedule is not schedule:
+        known = splits[id(schedule)] = _KnownSplit(schedule, schedule.split_backward)
+    return chunk_models(caches, dataclasses.replace(prepared, schedule=known))
+
+
+class _KnownSplit:
+    """A schedule with its split_backward read once; every other attribute is the schedule's own."""
+
+    __slots__ = ("schedule", "split_backward")
+
+    def __init__(self, schedule, split: bool):
+        self.schedule, self.split_backward = schedule, split
+
+    def __getattr__(self, name: str):
+        return getattr(self.schedule, name)
 
 
 def _profile_order(scenarios) -> list[int]:
