@@ -218,3 +218,12 @@ def test_chunk_models_with_the_split_read_once_per_schedule_are_the_per_plan_one
         assert splits[id(prepared.schedule)].schedule is prepared.schedule
     assert seen == {True, False}                # zero-bubble (split) and whole backwards both met
     assert len(splits) < sum(1 for _ in CANDIDATES["megatron"])      # shared by the plans of one schedule
+
+
+@pytest.mark.parametrize("alone", [0, 10 ** 9], ids=["every-graph-alone", "every-graph-merged"])
+def test_graphs_alone_or_merged_give_each_plans_fields(alone, monkeypatch):
+    from simulator.explore.columnar import table as columnar_table
+
+    monkeypatch.setattr(columnar_table, "ALONE_ENTRIES_PER_LEVEL", alone)
+    rows = CANDIDATES["megatron"][::7]
+    _compare("megatron", rows)

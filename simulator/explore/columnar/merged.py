@@ -16,6 +16,8 @@ RADIX_LEVELS = 2 ** 15
 
 def evaluate_many(items: list[tuple[Structure, np.ndarray, np.ndarray]]) -> list[np.ndarray]:
     """pipeline.evaluate(structure, costs, offsets) for each item, computed together (equal values)."""
+    if not items:
+        return []
     ends_size = sum(costs.shape[0] * (s.n_nodes + 1) for s, costs, _ in items)
     flat_cost = np.zeros(ends_size)
     flat_offsets = []

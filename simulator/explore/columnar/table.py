@@ -35,6 +35,10 @@ OK, INVALID, FALLBACK, MEMORY_ONLY = "ok", "invalid", "fallback", "memory-only"
 GROUP_PLANS = 512
 # (plan, node) entries of the graphs evaluated in one merged pass (about 80 bytes each while it runs).
 MERGED_ENTRIES = 4_000_000
+# A group with at least this many (plan, node) entries per graph level is evaluated alone (pipeline.evaluate: one
+# numpy step per level over its plans' columns); merging it would cost more per entry (index arrays, sort) than
+# its own levels' steps cost. Fewer (few plans, narrow graphs: LLaMA-13B's) are merged.
+ALONE_ENTRIES_PER_LEVEL = 256
 FIELDS = ("fits", "iteration_time_s", "tokens_per_s", "mfu", "bubble_fraction", "exposed_communication_s",
           "communication_s", "busy_fraction")
 
@@ -229,15 +233,22 @@ def _schedule_order(prepared: Prepared) -> tuple:
 
 
 def _evaluate_ready(ready, table: Columns, *rest) -> None:
-    """The groups' graphs evaluated in one pass (merged.evaluate_many), then each group's fields."""
+    """The graphs of the groups with few entries per level evaluated in one pass (merged.evaluate_many), the
+    others' alone (group_fields), then each group's fields."""
     if not ready:
         return
     clock = time.process_time()
-    ends = evaluate_many([(g[0][1].structure, np.stack([p.costs for _, p in g]), np.stack([p.offsets for _, p in g]))
-                          for g in ready])
+    merged = [g for g in ready if not _alone(g)]
+    ends = dict(zip(map(id, merged), evaluate_many(
+        [(g[0][1].structure, np.stack([p.costs for _, p in g]), np.stack([p.offsets for _, p in g])) for g in merged])))
     table.seconds["evaluate"] += time.process_time() - clock
-    for group, group_ends in zip(ready, ends):
-        _evaluate(group, table, *rest, ends=group_ends)
+    for group in ready:
+        _evaluate(group, table, *rest, ends=ends.get(id(group)))
+
+
+def _alone(group) -> bool:
+    structure = group[0][1].structure
+    return len(group) * structure.n_nodes >= ALONE_ENTRIES_PER_LEVEL * max(1, len(structure.levels))
 
 
 def _evaluate(group, table: Columns, floats: dict, fits, allocated, reserved, ooms, caches, replay,
