@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import tomllib
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from simulator import scenario_from_dict
@@ -149,11 +151,17 @@ def test_sweep_fast_writes_the_same_table_bytes_as_the_per_plan_estimate(tmp_pat
     assert columnar.count(b",ok,") >= 4
 
 
-def test_graphs_evaluated_together_end_where_each_alone_ends():
+@pytest.mark.parametrize("narrow", [True, False], ids=["int32-radix", "int64"])
+def test_graphs_evaluated_together_end_where_each_alone_ends(narrow, monkeypatch):
     import numpy as np
 
     from simulator.explore.assemble import numbers
+    from simulator.explore.columnar import merged
     from simulator.explore.columnar.merged import evaluate_many
+
+    if not narrow:      # the 64-bit indices and keys of very large passes
+        monkeypatch.setattr(merged, "INDEX32_ENTRIES", 0)
+        monkeypatch.setattr(merged, "RADIX_LEVELS", 0)
     from simulator.explore.pipeline import evaluate
     from simulator.explore.prepare import prepare
 
@@ -171,3 +179,51 @@ def test_graphs_evaluated_together_end_where_each_alone_ends():
     assert len(items) > 3
     for alone, together in zip([evaluate(*item) for item in items], evaluate_many(items)):
         assert np.array_equal(alone, together)
+
+
+def test_column_sums_add_left_to_right_from_zero_as_the_report_does():
+    import numpy as np
+
+    from simulator.explore.columnar.fields import _column_sum
+
+    rng = np.random.default_rng(3)
+    columns = rng.standard_normal((40, 9)) * 10.0 ** rng.integers(-12, 12, (40, 9))
+    columns[0] = -0.0                   # 0 + -0.0 is 0.0, as Python's sum() starting from 0 gives
+    columns[1, 0] = 1e300 * 10          # inf, then inf - inf: nan where the loop gives nan
+    columns[1, 1] = -columns[1, 0]
+    weights = rng.integers(0, 3, 9)
+    got = _column_sum(weights, columns)
+    for row, value in zip(columns, got):
+        expected = float(sum(weights[s] * row[s] for s in range(9)))
+        assert np.array_equal(np.float64(expected), value, equal_nan=True)
+        assert np.signbit(expected) == np.signbit(value)
+
+
+def test_chunk_models_with_the_split_read_once_per_schedule_are_the_per_plan_ones():
+    from simulator.explore.assemble import chunk_models
+    from simulator.explore.columnar.table import _chunk_models
+    from simulator.explore.prepare import prepare
+
+    splits: dict = {}
+    seen = set()
+    for scenario in estimate_table_scenarios("megatron", CANDIDATES["megatron"]):
+        if isinstance(scenario, MemsimError) or scenario.parallel.pp == 1:
+            continue
+        try:
+            prepared = prepare(scenario, CACHES.schedules, CACHES.clusters)
+        except MemsimError:
+            continue
+        assert _chunk_models(CACHES, prepared, splits) == chunk_models(CACHES, prepared)
+        seen.add(prepared.schedule.split_backward)
+        assert splits[id(prepared.schedule)].schedule is prepared.schedule
+    assert seen == {True, False}                # zero-bubble (split) and whole backwards both met
+    assert len(splits) < sum(1 for _ in CANDIDATES["megatron"])      # shared by the plans of one schedule
+
+
+@pytest.mark.parametrize("alone", [0, 10 ** 9], ids=["every-graph-alone", "every-graph-merged"])
+def test_graphs_alone_or_merged_give_each_plans_fields(alone, monkeypatch):
+    from simulator.explore.columnar import table as columnar_table
+
+    monkeypatch.setattr(columnar_table, "ALONE_ENTRIES_PER_LEVEL", alone)
+    rows = CANDIDATES["megatron"][::7]
+    _compare("megatron", rows)

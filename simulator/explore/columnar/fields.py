@@ -30,11 +30,12 @@ class GroupFields:
 
 
 def _column_sum(weights: np.ndarray, columns: np.ndarray) -> np.ndarray:
-    """sum(w[s] * columns[:, s] for s) per row, added left to right from 0 as Python's sum() adds."""
-    total = np.zeros(columns.shape[0])
-    for s in range(columns.shape[1]):
-        total = total + weights[s] * columns[:, s]
-    return total
+    """sum(w[s] * columns[:, s] for s) per row, added left to right from 0 as Python's sum() adds: one
+    np.add.accumulate along the row (sequential by definition, not pairwise) over [0, w[0] * c[0], ...]."""
+    products = np.empty((columns.shape[0], columns.shape[1] + 1))
+    products[:, 0] = 0.0
+    np.multiply(weights, columns, out=products[:, 1:])
+    return np.add.accumulate(products, axis=1)[:, -1]
 
 
 def action_peaks(structure: Structure, plans: list[PlanNumbers]) -> list[np.ndarray]:

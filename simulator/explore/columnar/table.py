@@ -12,6 +12,7 @@ Peak reserved is not computed here: it is the allocator replay per plan (reserve
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ OK, INVALID, FALLBACK, MEMORY_ONLY = "ok", "invalid", "fallback", "memory-only"
 GROUP_PLANS = 512
 # (plan, node) entries of the graphs evaluated in one merged pass (about 80 bytes each while it runs).
 MERGED_ENTRIES = 4_000_000
+# A group with at least this many (plan, node) entries per graph level is evaluated alone (pipeline.evaluate: one
+# numpy step per level over its plans' columns); merging it would cost more per entry (index arrays, sort) than
+# its own levels' steps cost. Fewer (few plans, narrow graphs: LLaMA-13B's) are merged.
+ALONE_ENTRIES_PER_LEVEL = 256
 FIELDS = ("fits", "iteration_time_s", "tokens_per_s", "mfu", "bubble_fraction", "exposed_communication_s",
           "communication_s", "busy_fraction")
 
@@ -123,6 +128,7 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     reserved: list = [None] * n
     ooms: list = [None] * n
     pending: list[tuple[int, Prepared, dict | None]] = []
+    splits: dict = {}
     clock = time.process_time()
     for k in _profile_order(scenarios):
         scenario = scenarios[k]
@@ -136,7 +142,7 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
                 table.status[k], table.reports[k] = FALLBACK, report
                 _from_report(report, k, floats, fits, allocated, reserved)
                 continue
-            found = chunk_models(caches, prepared)
+            found = _chunk_models(caches, prepared, splits)
             if memory_first and not replay:
                 peaks = allocated_peaks(caches, prepared, found)
                 if not fits_allocated(prepared, peaks):
@@ -183,6 +189,30 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     return table
 
 
+def _chunk_models(caches: Caches, prepared: Prepared, splits: dict) -> dict:
+    """assemble.chunk_models(caches, prepared), the schedule's split_backward (a walk of every action, about 1 ms
+    on a LLaMA-13B schedule, that chunk_models takes once per plan) read once per schedule object: `splits` maps
+    id(schedule) to a _KnownSplit holding it (so its id is not reused). Built-in schedules are shared by every plan
+    of their (name, p, m, v) (Caches.schedules)."""
+    schedule = prepared.schedule
+    known = splits.get(id(schedule))
+    if known is None or known.schedule is not schedule:
+        known = splits[id(schedule)] = _KnownSplit(schedule, schedule.split_backward)
+    return chunk_models(caches, dataclasses.replace(prepared, schedule=known))
+
+
+class _KnownSplit:
+    """A schedule with its split_backward read once; every other attribute is the schedule's own."""
+
+    __slots__ = ("schedule", "split_backward")
+
+    def __init__(self, schedule, split: bool):
+        self.schedule, self.split_backward = schedule, split
+
+    def __getattr__(self, name: str):
+        return getattr(self.schedule, name)
+
+
 def _profile_order(scenarios) -> list[int]:
     """Indices by (tp, micro-batch), then as given: plans of one (tp, micro-batch) share their chunks' profiles
     whatever their pp, so the bounded profile memo records each once (as spread.profile_order orders a search)."""
@@ -203,15 +233,22 @@ def _schedule_order(prepared: Prepared) -> tuple:
 
 
 def _evaluate_ready(ready, table: Columns, *rest) -> None:
-    """The groups' graphs evaluated in one pass (merged.evaluate_many), then each group's fields."""
+    """The graphs of the groups with few entries per level evaluated in one pass (merged.evaluate_many), the
+    others' alone (group_fields), then each group's fields."""
     if not ready:
         return
     clock = time.process_time()
-    ends = evaluate_many([(g[0][1].structure, np.stack([p.costs for _, p in g]), np.stack([p.offsets for _, p in g]))
-                          for g in ready])
+    merged = [g for g in ready if not _alone(g)]
+    ends = dict(zip(map(id, merged), evaluate_many(
+        [(g[0][1].structure, np.stack([p.costs for _, p in g]), np.stack([p.offsets for _, p in g])) for g in merged])))
     table.seconds["evaluate"] += time.process_time() - clock
-    for group, group_ends in zip(ready, ends):
-        _evaluate(group, table, *rest, ends=group_ends)
+    for group in ready:
+        _evaluate(group, table, *rest, ends=ends.get(id(group)))
+
+
+def _alone(group) -> bool:
+    structure = group[0][1].structure
+    return len(group) * structure.n_nodes >= ALONE_ENTRIES_PER_LEVEL * max(1, len(structure.levels))
 
 
 def _evaluate(group, table: Columns, floats: dict, fits, allocated, reserved, ooms, caches, replay,
