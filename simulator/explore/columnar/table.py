@@ -12,7 +12,6 @@ Peak reserved is not computed here: it is the allocator replay per plan (reserve
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -190,27 +189,15 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
 
 
 def _chunk_models(caches: Caches, prepared: Prepared, splits: dict) -> dict:
-    """assemble.chunk_models(caches, prepared), the schedule's split_backward (a walk of every action, about 1 ms
-    on a LLaMA-13B schedule, that chunk_models takes once per plan) read once per schedule object: `splits` maps
-    id(schedule) to a _KnownSplit holding it (so its id is not reused). Built-in schedules are shared by every plan
-    of their (name, p, m, v) (Caches.schedules)."""
+    """assemble.chunk_models(caches, prepared) with the schedule's split_backward (a walk of every action, about
+    1 ms on a LLaMA-13B schedule, that chunk_models takes once per plan) read once per schedule object: `splits`
+    maps id(schedule) to (schedule, split), the schedule held so that its id is not reused. Built-in schedules are
+    shared by every plan of their (name, p, m, v) (Caches.schedules)."""
     schedule = prepared.schedule
     known = splits.get(id(schedule))
-    if known is None or known.schedule is not schedule:
-        known = splits[id(schedule)] = _KnownSplit(schedule, schedule.split_backward)
-    return chunk_models(caches, dataclasses.replace(prepared, schedule=known))
-
-
-class _KnownSplit:
-    """A schedule with its split_backward read once; every other attribute is the schedule's own."""
-
-    __slots__ = ("schedule", "split_backward")
-
-    def __init__(self, schedule, split: bool):
-        self.schedule, self.split_backward = schedule, split
-
-    def __getattr__(self, name: str):
-        return getattr(self.schedule, name)
+    if known is None or known[0] is not schedule:
+        known = splits[id(schedule)] = (schedule, schedule.split_backward)
+    return chunk_models(caches, prepared, split=known[1])
 
 
 def _profile_order(scenarios) -> list[int]:
