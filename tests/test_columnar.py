@@ -215,7 +215,7 @@ def test_chunk_models_with_the_split_read_once_per_schedule_are_the_per_plan_one
             continue
         assert _chunk_models(CACHES, prepared, splits) == chunk_models(CACHES, prepared)
         seen.add(prepared.schedule.split_backward)
-        assert splits[id(prepared.schedule)].schedule is prepared.schedule
+        assert splits[id(prepared.schedule)][0] is prepared.schedule
     assert seen == {True, False}                # zero-bubble (split) and whole backwards both met
     assert len(splits) < sum(1 for _ in CANDIDATES["megatron"])      # shared by the plans of one schedule
 
