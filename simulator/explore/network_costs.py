@@ -34,6 +34,10 @@ class NetworkCosts:
         # The same question, as asked, comes hundreds of times per plan: a plain dict answers it before the key
         # above is built (the stage's other groups filtered) and the bounded cache's bookkeeping is paid.
         self._asked: dict = {}
+        # Faster still: the same group and `together` objects come back for every collective of a plan, and a
+        # tuple's hash is not cached (the stage's groups: up to hundreds of ranks rehashed per question). Keyed by
+        # their identities, each entry holding the objects so that an identity is not reused while it stands.
+        self._by_identity: dict = {}
         self._footprints = Lru(GROUPS_KEPT)
         self._apart = Lru(GROUPS_KEPT)
 
@@ -41,9 +45,14 @@ class NetworkCosts:
                      together: tuple[tuple[int, ...], ...] = ()) -> float:
         """Seconds of one `kind` collective over the GPUs `group` (0 for one GPU), while the same collective runs
         over each group of `together` (the other groups of its stage)."""
+        identity = (kind, id(group), size_bytes, id(together))
+        known = self._by_identity.get(identity)
+        if known is not None and known[0] is group and known[1] is together:
+            return known[2]
         asked = (kind, group, size_bytes, together)
         seconds = self._asked.get(asked)
         if seconds is not None:
+            self._remember(identity, group, together, seconds)
             return seconds
         if len(group) <= 1 or size_bytes <= 0:
             return 0.0
@@ -55,7 +64,13 @@ class NetworkCosts:
         if len(self._asked) >= ASKED_KEPT:
             self._asked.clear()
         self._asked[asked] = seconds
+        self._remember(identity, group, together, seconds)
         return seconds
+
+    def _remember(self, identity: tuple, group: tuple, together: tuple, seconds: float) -> None:
+        if len(self._by_identity) >= ASKED_KEPT:
+            self._by_identity.clear()
+        self._by_identity[identity] = (group, together, seconds)
 
     def send_s(self, src: int, dst: int, size_bytes: float,
                together: tuple[tuple[int, int], ...] = ()) -> float:
