@@ -200,12 +200,16 @@ def test_column_sums_add_left_to_right_from_zero_as_the_report_does():
 
 
 def test_chunk_models_with_the_split_read_once_per_schedule_are_the_per_plan_ones():
+    """Schedule.split_backward is read once per schedule object (a cached walk of every action); the chunk
+    models with it are those of a fresh copy of the schedule, and plans of one built-in schedule share it."""
+    import dataclasses
+
     from simulator.explore.assemble import chunk_models
-    from simulator.explore.columnar.table import _chunk_models
     from simulator.explore.prepare import prepare
 
-    splits: dict = {}
+    schedules: dict = {}
     seen = set()
+    plans = 0
     for scenario in estimate_table_scenarios("megatron", CANDIDATES["megatron"]):
         if isinstance(scenario, MemsimError) or scenario.parallel.pp == 1:
             continue
@@ -213,11 +217,16 @@ def test_chunk_models_with_the_split_read_once_per_schedule_are_the_per_plan_one
             prepared = prepare(scenario, CACHES.schedules, CACHES.clusters)
         except MemsimError:
             continue
-        assert _chunk_models(CACHES, prepared, splits) == chunk_models(CACHES, prepared)
+        plans += 1
+        found = chunk_models(CACHES, prepared)
+        fresh = dataclasses.replace(prepared.schedule)           # its split not read yet
+        assert "split_backward" not in vars(fresh)
+        assert found == chunk_models(CACHES, dataclasses.replace(prepared, schedule=fresh))
+        assert vars(prepared.schedule)["split_backward"] == fresh.split_backward
         seen.add(prepared.schedule.split_backward)
-        assert splits[id(prepared.schedule)][0] is prepared.schedule
+        schedules[id(prepared.schedule)] = prepared.schedule
     assert seen == {True, False}                # zero-bubble (split) and whole backwards both met
-    assert len(splits) < sum(1 for _ in CANDIDATES["megatron"])      # shared by the plans of one schedule
+    assert len(schedules) < plans               # shared by the plans of one schedule
 
 
 @pytest.mark.parametrize("alone", [0, 10 ** 9], ids=["every-graph-alone", "every-graph-merged"])

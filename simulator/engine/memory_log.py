@@ -74,14 +74,18 @@ class MemoryLog:
     def note_blocks(self, headers: tuple, now_s: float) -> None:
         """Note the STRETCH words about to be appended at offsets `headers` ((offset, calls), a stretch record's),
         forgetting the blocks that ended before `now_s` (a later SENT_FREE comes at env.now or later)."""
-        blocks, at = self.blocks, len(self.words)
-        if len(blocks) > 64:
-            times = self.times
-            passed = 0
-            while passed < len(blocks) and times[blocks[passed][0] + blocks[passed][1]] < now_s:
-                passed += 1
-            del blocks[:passed]
-        blocks += [[at + offset, calls] for offset, calls in headers]
+        if len(self.blocks) > 64:
+            self._forget_blocks_before(now_s)
+        at = len(self.words)
+        self.blocks += [[at + offset, calls] for offset, calls in headers]
+
+    def _forget_blocks_before(self, time_s: float) -> None:
+        """Drop the blocks whose last call is before `time_s`: no later SENT_FREE can land among their calls."""
+        blocks, times = self.blocks, self.times
+        passed = 0
+        while passed < len(blocks) and times[blocks[passed][0] + blocks[passed][1]] < time_s:
+            passed += 1
+        del blocks[:passed]
 
     def add_sent_free(self, word: int, time_s: float) -> None:
         """Log a SENT_FREE call at `time_s` (env.now) where the order by time puts it: after every call before
@@ -103,26 +107,21 @@ class MemoryLog:
                     and (before >> STREAM_SHIFT) & 255 <= stream:
                 break
             i -= 1
-        blocks = self.blocks
-        if blocks:
-            # Blocks ended before time_s are passed for good (later SENT_FREEs come at env.now or later).
-            passed = 0
-            while passed < len(blocks) and times[blocks[passed][0] + blocks[passed][1]] < time_s:
-                passed += 1
-            if passed:
-                del blocks[:passed]
+        if self.blocks:
+            self._forget_blocks_before(time_s)       # (later SENT_FREEs come at env.now or later)
+            blocks = self.blocks
             after = len(blocks)
             while after and blocks[after - 1][0] >= i:
                 after -= 1
             if after and blocks[after - 1][0] + blocks[after - 1][1] >= i:
-                at = blocks.pop(after - 1)[0]          # i falls among its calls: they are made one by one
+                # i falls among its calls: they are made one by one. The blocks after it keep their places (its
+                # STRETCH word goes before them, the Free comes in).
+                at = blocks.pop(after - 1)[0]
                 del words[at], times[at]
                 i -= 1
-                after -= 1
+            else:
                 for block in blocks[after:]:
-                    block[0] -= 1
-            for block in blocks[after:]:
-                block[0] += 1
+                    block[0] += 1
         if i == len(times):
             words.append(word)
             times.append(time_s)

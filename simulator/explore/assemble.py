@@ -238,11 +238,9 @@ def _pairs(plan, src: int, dst: int) -> tuple[tuple[int, int], ...]:
                  for d in range(plan.dp) for t in range(plan.tp))
 
 
-def chunk_models(caches: Caches, prepared: Prepared, split: bool | None = None) -> dict:
-    """(stage, chunk) -> (ChunkModel, ProfileKey, cache key) of every chunk of the plan. `split`: the schedule's
-    split_backward where the caller knows it (reading it walks every action of the schedule)."""
-    if split is None:
-        split = prepared.schedule.split_backward
+def chunk_models(caches: Caches, prepared: Prepared) -> dict:
+    """(stage, chunk) -> (ChunkModel, ProfileKey, cache key) of every chunk of the plan."""
+    split = prepared.schedule.split_backward
     # A span's chunk depends on it only through its kind and its layer count (_chunk): spans alike (a pipeline's
     # middle stages, an interleaved plan's chunks) are looked up once per plan, not once each.
     alike: dict[tuple, tuple] = {}

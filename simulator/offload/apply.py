@@ -4,6 +4,7 @@ DLRM's embedding tables; `build_iteration`: a rank's iteration built with them."
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 from simulator.offload.activations import HostSaver
 from simulator.offload.embeddings import offload_embeddings
@@ -36,15 +37,9 @@ def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids
     return replace(workload, host=host)
 
 
-class _Steps:
-    """What workload.training.build_iteration calls to apply a recipe's offload (handed in: that package does
-    not import this one, which builds on it)."""
-
-    host_saver = HostSaver
-    apply = staticmethod(apply_offload)
-
-
-STEPS = _Steps()
+# What workload.training.build_iteration calls to apply a recipe's offload (handed in: that package does not import
+# this one, which builds on it).
+STEPS = SimpleNamespace(host_saver=HostSaver, apply=apply_offload)
 
 
 def build_iteration(shape, recipe, profile):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterable
 
 from simulator.errors import ScheduleError
@@ -144,9 +145,10 @@ class Schedule:
         """p * v, the pipeline stages (model chunks) over all ranks."""
         return len(self.ranks) * self.virtual_stages
 
-    @property
+    @cached_property
     def split_backward(self) -> bool:
-        """Whether any backward is split into I (input gradient) and W (weight gradient)."""
+        """Whether any backward is split into I (input gradient) and W (weight gradient). Read once per schedule
+        (a walk of every action; the estimate asks it of every plan sharing a built-in schedule)."""
         return any(action.kind in ("I", "W") for actions in self.ranks for action in actions)
 
     def rank_of(self, stage: int) -> int:

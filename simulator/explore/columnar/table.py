@@ -127,7 +127,6 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     reserved: list = [None] * n
     ooms: list = [None] * n
     pending: list[tuple[int, Prepared, dict | None]] = []
-    splits: dict = {}
     clock = time.process_time()
     for k in _profile_order(scenarios):
         scenario = scenarios[k]
@@ -141,7 +140,7 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
                 table.status[k], table.reports[k] = FALLBACK, report
                 _from_report(report, k, floats, fits, allocated, reserved)
                 continue
-            found = _chunk_models(caches, prepared, splits)
+            found = chunk_models(caches, prepared)
             if memory_first and not replay:
                 peaks = allocated_peaks(caches, prepared, found)
                 if not fits_allocated(prepared, peaks):
@@ -186,18 +185,6 @@ def estimate_columns(scenarios: Sequence[Scenario | MemsimError], *, caches: Cac
     table.peak_reserved = reserved if replay else None
     table.oom = ooms if replay else None
     return table
-
-
-def _chunk_models(caches: Caches, prepared: Prepared, splits: dict) -> dict:
-    """assemble.chunk_models(caches, prepared) with the schedule's split_backward (a walk of every action, about
-    1 ms on a LLaMA-13B schedule, that chunk_models takes once per plan) read once per schedule object: `splits`
-    maps id(schedule) to (schedule, split), the schedule held so that its id is not reused. Built-in schedules are
-    shared by every plan of their (name, p, m, v) (Caches.schedules)."""
-    schedule = prepared.schedule
-    known = splits.get(id(schedule))
-    if known is None or known[0] is not schedule:
-        known = splits[id(schedule)] = (schedule, schedule.split_backward)
-    return chunk_models(caches, prepared, split=known[1])
 
 
 def _profile_order(scenarios) -> list[int]:
