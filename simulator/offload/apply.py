@@ -7,10 +7,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from simulator.offload.activations import HostSaver
-from simulator.offload.embeddings import offload_embeddings
-from simulator.offload.optimizer import offload_optimizer
 from simulator.offload.state import HostState, OffloadConfig
-from simulator.offload.zero3 import offload_zero3
 from simulator.workload.training import build_iteration as build_plain_iteration
 
 
@@ -25,6 +22,11 @@ def apply_offload(workload, config: OffloadConfig, largest_param_numel: int, ids
         saver: the save_on_cpu hooks its tapes were replayed with (offload/activations.py), or None.
         optimizer: training.optimizer (what the host keeps for host-resident embedding tables).
     """
+    # imported here: a run without offload (most) does not load them
+    from simulator.offload.embeddings import offload_embeddings
+    from simulator.offload.optimizer import offload_optimizer
+    from simulator.offload.zero3 import offload_zero3
+
     host = HostState()
     if saver is not None:
         host.tensors.update(saver.host_tensors)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 
 from simulator.errors import PlanError
 from simulator.workload.compression import Compression, check_compression
-from simulator.workload.compression.onebit import onebit_optimizer
 from simulator.workload.data_parallel import (
     DataParallelSetup, LandingPolicy, MicrobatchOps, ParamInfo, apply_data_parallel,
 )
@@ -212,6 +211,8 @@ def model_states(params, dts: Dtypes, recipe: Recipe, profile: KernelProfile, id
     state_tensors: list[Tensor] = []
     compression = recipe.compression
     if compression.kind == "1bit":
+        from simulator.workload.compression.onebit import onebit_optimizer    # here: only 1-bit Adam loads it
+
         # DeepSpeed's 1-bit Adam replaces the optimizer (and, under fp16, updates one flat fp32 master).
         state_tensors, opt_ops = onebit_optimizer(master, dts.master is not None, recipe.dp, compression.compressing,
                                                   ids, tensors)

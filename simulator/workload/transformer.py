@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from simulator.errors import PlanError
 from simulator.workload.graph import OTHER
-from simulator.workload.linformer import linformer_core, linformer_parameters
 from simulator.workload.model_parts import Checkpointing, Params, Shape  # noqa: F401  (callers import them from here)
 from simulator.workload.peft import Adapters
 from simulator.workload.sparsity import sparse_linear
@@ -137,6 +136,8 @@ class TransformerBuilder:
                 layer.update({f"o_{k}": v for k, v in
                               self._linear_params(f"{pre}.attn.c_proj", h // t, h, "o").items()})
             if m.attention == "linformer":
+                from simulator.workload.linformer import linformer_parameters     # here: only Linformer loads it
+
                 layer.update(linformer_parameters(self, pre))
             layer.update({f"ln2_{k}": v for k, v in self._norm_params(f"{pre}.ln_2").items()})
             if m.activation == "swiglu":
@@ -427,6 +428,8 @@ class TransformerBuilder:
             y = self._math_sdpa_core(q, k, v, pre)
             contiguous_out = False
         elif m.attention == "linformer":
+            from simulator.workload.linformer import linformer_core
+
             y = linformer_core(self, i, q, k, v, pre)
             contiguous_out = False
         else:
