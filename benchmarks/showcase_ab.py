@@ -36,18 +36,30 @@ def _run(tree: str, forced: bool, scenario: str, env: dict) -> tuple[float, floa
     return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - before, out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def two_trees(description: str, rounds: int) -> argparse.ArgumentParser:
+    """The arguments both showcase A/B scripts take: OLD_TREE NEW_TREE [--rounds N] [--bytecode PREFIX]."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("old")
     parser.add_argument("new")
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--bytecode", metavar="PREFIX")
+    return parser
+
+
+def environment(bytecode: str | None) -> dict:
+    """This process's environment, with bytecode cached under `bytecode` (as a pip install runs) where given."""
+    env = dict(os.environ)
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = bytecode
+    return env
+
+
+def main() -> None:
+    parser = two_trees(__doc__.splitlines()[0], 10)
     parser.add_argument("--scenario", default="scenarios/showcase.toml")
     args = parser.parse_args()
-    env = dict(os.environ)
-    if args.bytecode:
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = args.bytecode
+    env = environment(args.bytecode)
     scenario = os.path.abspath(args.scenario)
     reference = None
     times: dict[str, list[tuple[float, float]]] = {}
