@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from operator import index as _index
+from itertools import chain
+from operator import attrgetter, index as _index
 
 from simulator.engine.allocator import (ADDRESS_BITS, ADDRESS_MASK, SMALL_SIZE_BYTES, AddressSpace, AllocatorBase,
                                         OutOfMemory)
@@ -120,6 +121,9 @@ class _Layout:
         if type(other) is not _Layout:
             return NotImplemented
         return self.hash == other.hash and self.fields == other.fields
+
+
+_handles = attrgetter("handles")
 
 
 def _link_after(block: _Block, new: _Block) -> None:
@@ -323,20 +327,19 @@ class CachingAllocator(AllocatorBase):
         """Everything later calls depend on, with live blocks named by `owners` (handle -> label) instead of
         handles and op names: equal keys mean equal futures for equally named calls (engine/repeats.py).
 
-        Per segment, by address: its _Layout (fields and blocks), then the labels of its allocated blocks in
-        block order (None for a handle `owners` does not name). The layout fixes which blocks those are, so
-        two keys are equal exactly when every segment has the same blocks with the same labels."""
-        get = owners.get
+        The segments' _Layouts (fields and blocks) by address, then the labels of their allocated blocks in that
+        order (None for a handle `owners` does not name). The layouts fix which blocks those are, so two keys are
+        equal exactly when every segment has the same blocks with the same labels."""
         segments = self._segments
-        parts = []
+        layouts = []
         for addr in sorted(segments):
             seg = segments[addr]
             layout = seg.layout
             if layout is None:
                 layout = seg.layout = _Layout(seg)
-            parts.append(layout)
-            parts.append(tuple(map(get, layout.handles)))
-        return (tuple(parts), tuple(self._space._free), len(self._pending), self.capacity_bytes,
+            layouts.append(layout)
+        labels = tuple(map(owners.get, chain.from_iterable(map(_handles, layouts))))
+        return (tuple(layouts), labels, tuple(self._space._free), len(self._pending), self.capacity_bytes,
                 self._allocated, self._reserved, self._requested, self._active, self._inactive_split)
 
     def rename(self, handle: int, op: str) -> None:
