@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from operator import index as _index
+from itertools import chain
+from operator import attrgetter, index as _index
 
 from simulator.engine.allocator import (ADDRESS_BITS, ADDRESS_MASK, SMALL_SIZE_BYTES, AddressSpace, AllocatorBase,
                                         OutOfMemory)
@@ -58,7 +59,7 @@ def segment_size(size: int) -> int:
 class _Segment:
     """A cudaMalloc'd segment, or the reserved virtual range of one expandable segment."""
 
-    __slots__ = ("addr", "size", "stream", "small", "key", "page", "head", "info")
+    __slots__ = ("addr", "size", "stream", "small", "key", "page", "head", "info", "layout")
 
     def __init__(self, addr: int, size: int, stream: int, small: bool, page: int, info: tuple):
         self.addr = addr
@@ -69,12 +70,13 @@ class _Segment:
         self.page = page                   # mapping granularity; 0 for a cudaMalloc'd segment
         self.head = None
         self.info = info                   # (op, tensor, category) that created it
+        self.layout = None                 # its _Layout as of the last state_key; None once a block changed
 
 
 class _Block:
     """A contiguous piece of a segment: free, allocated, pending free, or (expandable) unmapped."""
 
-    __slots__ = ("addr", "size", "requested", "prev", "next", "state", "mapped", "seg", "info")
+    __slots__ = ("addr", "size", "requested", "prev", "next", "state", "mapped", "seg", "info", "handle")
 
     def __init__(self, addr: int, size: int, seg: _Segment, mapped: bool = True):
         self.addr = addr
@@ -86,6 +88,42 @@ class _Block:
         self.mapped = mapped
         self.seg = seg
         self.info = _NO_INFO
+        self.handle = 0                    # the handle of its last allocation (read while ALLOCATED only)
+
+
+class _Layout:
+    """A segment as state_key names it: its fields and every block's (address, size, state, mapped, requested),
+    flat, with the handles of its allocated blocks in block order (not compared: state_key names them). Kept on
+    the segment until one of its blocks changes, its hash computed once (most segments of a big run stay the same
+    from one period boundary to the next: the key was rebuilt and rehashed block by block every time)."""
+
+    __slots__ = ("fields", "handles", "hash")
+
+    def __init__(self, seg: _Segment):
+        fields = [seg.addr, seg.size, seg.stream, seg.small, seg.page, seg.info]
+        handles = []
+        b = seg.head
+        while b is not None:
+            fields += (b.addr, b.size, b.state, b.mapped, b.requested)
+            if b.state == ALLOCATED:
+                handles.append(b.handle)
+            b = b.next
+        self.fields = tuple(fields)
+        self.handles = tuple(handles)
+        self.hash = hash(self.fields)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not _Layout:
+            return NotImplemented
+        return self.hash == other.hash and self.fields == other.fields
+
+
+_handles = attrgetter("handles")
 
 
 def _link_after(block: _Block, new: _Block) -> None:
@@ -178,6 +216,7 @@ class CachingAllocator(AllocatorBase):
         if block is None:
             block = self._new_block(size, small, stream, nbytes, time_s, info)
             free = self._free.get(key)
+        block.seg.layout = None
         remaining = block.size - size
         if small or self._expandable:
             split = remaining >= MIN_BLOCK_BYTES
@@ -207,7 +246,7 @@ class CachingAllocator(AllocatorBase):
         block.state = ALLOCATED
         block.requested = nbytes
         block.info = info
-        handle = self._next_handle
+        handle = block.handle = self._next_handle
         self._next_handle = handle + 1
         self._live[handle] = block
         self.last_block_bytes = size
@@ -242,6 +281,7 @@ class CachingAllocator(AllocatorBase):
                              category)
         if pending_streams and any(s != stream for s in pending_streams):
             block.state = PENDING
+            block.seg.layout = None
             self._pending[handle] = block
             return
         self._free_block(block, time_s, op)
@@ -285,19 +325,21 @@ class CachingAllocator(AllocatorBase):
 
     def state_key(self, owners: dict[int, object]) -> tuple:
         """Everything later calls depend on, with live blocks named by `owners` (handle -> label) instead of
-        handles and op names: equal keys mean equal futures for equally named calls (engine/repeats.py)."""
-        live = self._live
-        owner_at = {live[h].addr: label for h, label in owners.items() if h in live}
-        segments = []
-        for addr in sorted(self._segments):
-            seg = self._segments[addr]
-            blocks = []
-            b = seg.head
-            while b is not None:
-                blocks.append((b.addr, b.size, b.state, b.mapped, b.requested, owner_at.get(b.addr)))
-                b = b.next
-            segments.append((addr, seg.size, seg.stream, seg.small, seg.page, seg.info, tuple(blocks)))
-        return (tuple(segments), tuple(self._space._free), len(self._pending), self.capacity_bytes,
+        handles and op names: equal keys mean equal futures for equally named calls (engine/repeats.py).
+
+        The segments' _Layouts (fields and blocks) by address, then the labels of their allocated blocks in that
+        order (None for a handle `owners` does not name). The layouts fix which blocks those are, so two keys are
+        equal exactly when every segment has the same blocks with the same labels."""
+        segments = self._segments
+        layouts = []
+        for addr in sorted(segments):
+            seg = segments[addr]
+            layout = seg.layout
+            if layout is None:
+                layout = seg.layout = _Layout(seg)
+            layouts.append(layout)
+        labels = tuple(map(owners.get, chain.from_iterable(map(_handles, layouts))))
+        return (tuple(layouts), labels, tuple(self._space._free), len(self._pending), self.capacity_bytes,
                 self._allocated, self._reserved, self._requested, self._active, self._inactive_split)
 
     def rename(self, handle: int, op: str) -> None:
@@ -344,6 +386,7 @@ class CachingAllocator(AllocatorBase):
         """Merge a free mapped block with free mapped neighbours and put it in its free list."""
         free_at = self._free_at
         seg = block.seg
+        seg.layout = None
         free = self._free.get(seg.key)
         if free is None:
             free = self._free[seg.key] = []
@@ -535,6 +578,7 @@ class CachingAllocator(AllocatorBase):
         end = seg.addr + (block.addr + block.size - seg.addr) // seg.page * seg.page
         if begin >= end:
             return None
+        seg.layout = None
         self._pop_free(block)
         block_end = block.addr + block.size
         if begin > block.addr:

@@ -245,9 +245,9 @@ class RankMemory:
         digest = _NONE_HASH
         if recording.worth_comparing(summary):
             handles = self.handles
-            labels = dict(zip(handles.values(), relative(tuple(handles), boundary.shift, boundary.low,
-                                                         boundary.high)))
-            state = (tuple(sorted(labels.values())), self.allocator.state_key(labels))
+            names = relative(tuple(handles), boundary.shift, boundary.low, boundary.high)
+            labels = dict(zip(handles.values(), names))
+            state = (tuple(sorted(names)), self.allocator.state_key(labels))
             digest = hash(state)
             period = recording.period_to(summary, state, boundary, digest)
             if period is not None:

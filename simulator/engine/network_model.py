@@ -78,6 +78,22 @@ def _end_alone(info: tuple, now: float) -> float:
     return alone_end_s(steps, now) if steps is not None else now + duration
 
 
+def _timing_groups(infos: tuple) -> tuple[tuple, tuple[int, ...]]:
+    """(one of `infos` per distinct timing alone, the index in it of each info's): infos with equal steps (or, without
+    steps, equal durations) end alone at the same time from any start (_end_alone), so a batch of shadows (mostly
+    one timing) needs one end per timing."""
+    timings, which, seen = [], [], {}
+    for info in infos:
+        _, _, duration, steps = info
+        key = (steps,) if steps is not None else (None, duration)
+        index = seen.get(key)
+        if index is None:
+            index = seen[key] = len(timings)
+            timings.append(info)
+        which.append(index)
+    return tuple(timings), tuple(which)
+
+
 @dataclass(slots=True, eq=False)
 class _Quiet:
     """An operation running alone on its links, without flows (NetworkModel._launch): it ends at `end_s` unless it
@@ -461,16 +477,18 @@ class NetworkModel:
         batch = self._shadow_batches.get(key)
         if batch is None:
             infos = tuple(self._alone_of(self._lower(key[0], group, key[2])) for group in kept)
-            batch = self._shadow_batches[key] = (infos, tuple(sorted(set().union(*(i[1] for i in infos))))) \
+            batch = self._shadow_batches[key] = (infos, tuple(sorted(set().union(*(i[1] for i in infos)))),
+                                                 _timing_groups(infos)) \
                 if all(info[0].phases for info in infos) else ()
         if not batch:
             return False
-        infos, union = batch
+        infos, union, (timings, which) = batch
         now = self.env.now
         if not self._flowing.keys().isdisjoint(union) or self._live_quiet(union, now):
             return False
-        parts = tuple((info, _end_alone(info, now)) for info in infos)
-        quiet = _Quiet(None, now, max(end for _, end in parts), [], label, union, parts=parts)
+        ends = [_end_alone(info, now) for info in timings]      # (one per distinct timing: the same floats)
+        parts = tuple(zip(infos, map(ends.__getitem__, which)))
+        quiet = _Quiet(None, now, max(ends), [], label, union, parts=parts)
         self._quiet_claims.update(dict.fromkeys(union, quiet))
         self.quiet_operations += len(parts)
         return True

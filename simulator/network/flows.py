@@ -128,6 +128,12 @@ class FlowNetwork:
         # (src, dst) -> (route resources, their ids, the ids as dict keys, route latency, shape id without a cap,
         # whether the route crosses a resource more than once)
         self._routes: dict[tuple, tuple] = {}
+        # (src, dst) -> (route resources, their ids, route latency, crosses one twice, their capacities): what
+        # depends on the topology alone, shared by the networks over one Topology (a collective's state_at and
+        # alone_steps build a network each: its routes were looked up again, link by link)
+        derived = getattr(topology, "derived", None)
+        self._common_routes: dict[tuple, tuple] = derived(("flow_routes",), dict) \
+            if self._fast_routes and derived is not None else {}
         # (end of transmission, push number, [(flow id, version), ...]): one entry for the flows of a re-rating
         # that end at the same time; a flow's entry is valid while its version is the one listed
         self._finish: list[tuple[float, int, list[tuple[int, int]]]] = []
@@ -216,20 +222,22 @@ class FlowNetwork:
 
     def _route(self, src: int | str, dst: int | str) -> tuple:
         """Remember what `start` needs of the route src -> dst (the link capacities included)."""
-        topology = self._topology
-        if self._fast_routes:   # a Topology: the route's resources and latency without building the route
-            uses, latency_s = topology.route_uses(src, dst), topology.route_latency_s(src, dst)
-        else:
-            route = topology.route(src, dst)
-            uses, latency_s = route.resources, route.latency_s
-        res = tuple(resource for resource, _ in uses)
-        for resource in res:
-            if resource not in self._capacity:
-                self._capacity[resource] = topology.capacity_bytes_per_s(resource)
+        common = self._common_routes.get((src, dst))
+        if common is None:
+            topology = self._topology
+            if self._fast_routes:   # a Topology: the route's resources and latency without building the route
+                uses, latency_s = topology.route_uses(src, dst), topology.route_latency_s(src, dst)
+            else:
+                route = topology.route(src, dst)
+                uses, latency_s = route.resources, route.latency_s
+            res = tuple(resource for resource, _ in uses)
+            common = self._common_routes[(src, dst)] = (uses, res, latency_s, any(count != 1 for _, count in uses),
+                                                        tuple(map(topology.capacity_bytes_per_s, res)))
+        uses, res, latency_s, multi, capacities = common
+        self._capacity.update(zip(res, capacities))     # (a link's capacity is the topology's: set again, equal)
         shapes = self._shapes
         shape = shapes.setdefault((uses, None), len(shapes))
-        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), latency_s, shape,
-                                            any(count != 1 for _, count in uses))
+        known = self._routes[(src, dst)] = (uses, res, dict.fromkeys(res), latency_s, shape, multi)
         return known
 
     def rate_bytes_per_s(self, flow_id: int) -> float:
