@@ -31,6 +31,7 @@ class PlainAllocator(CachingAllocator):
         if block is None:
             block = self._new_block(size, small, stream, nbytes, time_s, info)
             free = self._free.get(2 * stream + small)
+        block.seg.layout = None              # (state_key's kept layout of the segment: stale from here)
         remaining = block.size - size
         if small or self._expandable:
             split = remaining >= MIN_BLOCK_BYTES
@@ -54,7 +55,7 @@ class PlainAllocator(CachingAllocator):
         block.state = ALLOCATED
         block.requested = nbytes
         block.info = info
-        handle = self._next_handle
+        handle = block.handle = self._next_handle
         self._next_handle += 1
         self._live[handle] = block
         self.last_block_bytes = block.size      # (the contract RankMemory reads; block_bytes(handle))
@@ -77,6 +78,7 @@ class PlainAllocator(CachingAllocator):
             self._log.append("free_requested", block.addr, block.requested, block.seg.stream, time_s, op or a_op,
                              tensor, category)
         if pending_streams and any(s != block.seg.stream for s in pending_streams):
+            block.seg.layout = None
             block.state = 2
             self._pending[handle] = block
             return None
