@@ -5,9 +5,8 @@ Run from the repository root::
 
     python benchmarks/showcase_chain.py OLD_TREE NEW_TREE [--rounds 6] [--bytecode PREFIX]
 
-Per run: the run's CPU when it forks the helper, the helper's CPU when it forks its last replay child, the child
-that shares its estimates (if any), each replay child's CPU, and "chain" = the run's CPU at the fork + the helper's
-at its last fork + the longest replay child + what the estimates' child took beyond the helper's own share (an
+Per run: the run's CPU when it forks the helper, the helper's CPU when it forks its last replay child, each replay
+child's CPU, and "chain" = the run's CPU at the fork + the helper's at its last fork + the longest replay child (an
 approximation of the wall on idle cores; two cores cannot beat total / 2 either). Reports are compared with the
 first run's.
 """
@@ -67,16 +66,12 @@ def _chain(log: str) -> dict:
     helper = next(p for p, e in events.items() if e[0][2] == main)
     kids = [p for p, e in events.items() if e[0][2] == helper]
     replays = [p for p in kids if any(what == "> replay" for _, what, _ in events[p])]
-    shared = [p for p in kids if p not in replays]
     end = {p: max(cpu for cpu, *_ in e) for p, e in events.items()}
     forks = [cpu for cpu, what, _ in events[helper] if what.startswith("fork")]
-    beyond = 0.0
-    if shared:                   # the helper's own share: from forking the estimates' child to its next fork
-        beyond = max(0.0, end[shared[0]] - (forks[1] - forks[0]))
     at_fork = next(cpu for cpu, what, _ in events[main] if what.startswith("fork"))
-    return {"chain": at_fork + forks[-1] + max(end[p] for p in replays) + beyond, "run at fork": at_fork,
-            "helper at last fork": forks[-1], "estimates child": sum(end[p] for p in shared),
-            "longest replay child": max(end[p] for p in replays), "all": sum(end.values())}
+    return {"chain": at_fork + forks[-1] + max(end[p] for p in replays), "run at fork": at_fork,
+            "helper at last fork": forks[-1], "longest replay child": max(end[p] for p in replays),
+            "all": sum(end.values())}
 
 
 def main() -> None:
